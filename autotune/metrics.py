@@ -1,0 +1,78 @@
+"""RawRun -> Measurement: latency and throughput with the definitions of `vllm bench serve`.
+
+TTFT = first token chunk - request start; E2E = last chunk - start;
+TPOT = (E2E - TTFT) / (output tokens - 1); ITL = gaps between successive chunks, pooled
+over requests (a speculative burst arrives as one chunk carrying several tokens);
+throughput = output tokens / makespan of the measured window.
+Acceptance comes from vLLM's counters diffed around the window: acceptance fraction
+(accepted / drafted tokens) and mean accepted length (1 + accepted / drafts) are different
+numbers and both are reported, plus the acceptance rate by draft position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+STATS = (("mean", None), ("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99))
+# Objective name -> direction. Latencies in milliseconds.
+DIRECTIONS: dict[str, str] = {"output_tok_s": "maximize", "req_s": "maximize"}
+for _m in ("ttft", "tpot", "itl", "e2e"):
+    for _s, _ in STATS:
+        DIRECTIONS[f"{_m}_ms_{_s}"] = "minimize"
+
+
+def _summary(name: str, values: list[float]) -> dict[str, float]:
+    if not values:
+        return {f"{name}_{s}": float("nan") for s, _ in STATS}
+    arr = np.asarray(values) * 1000.0
+    return {f"{name}_{s}": float(arr.mean() if q is None else np.percentile(arr, q)) for s, q in STATS}
+
+
+def complete(rec: dict[str, Any]) -> bool:
+    """A request counts only if it finished on its own terms with no error."""
+    return rec.get("error") is None and rec.get("finish_reason") in ("stop", "length") and bool(rec["chunks"])
+
+
+def measure(raw: dict[str, Any]) -> dict[str, Any]:
+    """Compile a RawRun dict into flat metrics (what trials.csv and Optuna see)."""
+    recs = raw["requests"]
+    done = [r for r in recs if complete(r)]
+    ttft, tpot, itl, e2e = [], [], [], []
+    out_tokens = 0
+    for r in done:
+        times = [c[0] for c in r["chunks"]]
+        n = sum(c[1] for c in r["chunks"])
+        out_tokens += n
+        ttft.append(times[0] - r["start"])
+        e2e.append(times[-1] - r["start"])
+        if n > 1:
+            tpot.append((e2e[-1] - ttft[-1]) / (n - 1))
+        itl.extend(b - a for a, b in zip(times, times[1:]))
+    window = raw["window_s"]
+    m: dict[str, Any] = {
+        "requests": len(recs), "completed": len(done), "incomplete": len(recs) - len(done),
+        "output_tokens": out_tokens, "window_s": window,
+        "output_tok_s": out_tokens / window if window > 0 else 0.0,
+        "req_s": len(done) / window if window > 0 else 0.0,
+        "engine_init_s": raw.get("engine_init_s"), "warmup_s": raw.get("warmup_s"),
+    }
+    for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2e_ms", e2e)):
+        m.update(_summary(name, values))
+    m.update(acceptance(raw.get("spec_counters") or {}))
+    return m
+
+
+def acceptance(c: dict[str, Any]) -> dict[str, Any]:
+    """Speculation statistics from diffed vLLM counters (NaN when nothing was drafted)."""
+    drafts = c.get("vllm:spec_decode_num_drafts", 0)
+    drafted = c.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = c.get("vllm:spec_decode_num_accepted_tokens", 0)
+    per_pos = c.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])
+    return {
+        "spec_drafts": drafts, "spec_draft_tokens": drafted, "spec_accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else float("nan"),
+        "mean_accepted_length": 1 + accepted / drafts if drafts else float("nan"),
+        "acceptance_by_pos": [a / drafts for a in per_pos] if drafts else [],
+    }

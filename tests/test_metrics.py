@@ -1,0 +1,43 @@
+import math
+
+import pytest
+
+from autotune.metrics import acceptance, measure
+
+
+def rec(id, start, chunks, finish="length", error=None):
+    return {"id": id, "start": start, "end": chunks[-1][0] if chunks else start, "chunks": chunks,
+            "token_ids": list(range(sum(n for _, n in chunks))), "text": "", "finish_reason": finish, "error": error}
+
+
+def test_measure_matches_hand_computation():
+    # Request a: first chunk at 0.1 s after start (1 token), then a burst of 3 tokens at 0.3, 1 at 0.4.
+    raw = {"window_s": 1.0, "requests": [rec("a", 0.0, [[0.1, 1], [0.3, 3], [0.4, 1]]),
+                                         rec("b", 0.5, [[0.7, 2], [1.0, 2]])],
+           "spec_counters": {}}
+    m = measure(raw)
+    assert m["output_tokens"] == 9 and m["completed"] == 2 and m["incomplete"] == 0
+    assert m["output_tok_s"] == pytest.approx(9.0)
+    assert m["req_s"] == pytest.approx(2.0)
+    # TTFT a=100 ms, b=200 ms; E2E a=400, b=500; TPOT a=(400-100)/4=75, b=(500-200)/3=100.
+    assert m["ttft_ms_mean"] == pytest.approx(150) and m["e2e_ms_p50"] == pytest.approx(450)
+    assert m["tpot_ms_mean"] == pytest.approx(87.5)
+    # ITL pooled over chunks: a: 200, 100; b: 300 -> p50 200.
+    assert m["itl_ms_p50"] == pytest.approx(200) and m["itl_ms_mean"] == pytest.approx(200)
+    assert math.isnan(m["acceptance_rate"])
+
+
+def test_incomplete_requests_are_not_scored():
+    raw = {"window_s": 1.0, "requests": [rec("a", 0.0, [[0.1, 2]]), rec("b", 0.0, [[0.2, 1]], finish=None),
+                                         rec("c", 0.0, [[0.2, 1]], error="boom")], "spec_counters": {}}
+    m = measure(raw)
+    assert m["completed"] == 1 and m["incomplete"] == 2 and m["output_tokens"] == 2
+
+
+def test_acceptance_fraction_and_mean_length_differ():
+    a = acceptance({"vllm:spec_decode_num_drafts": 10, "vllm:spec_decode_num_draft_tokens": 30,
+                    "vllm:spec_decode_num_accepted_tokens": 15,
+                    "vllm:spec_decode_num_accepted_tokens_per_pos": [8, 5, 2]})
+    assert a["acceptance_rate"] == pytest.approx(0.5)
+    assert a["mean_accepted_length"] == pytest.approx(2.5)
+    assert a["acceptance_by_pos"] == pytest.approx([0.8, 0.5, 0.2])

@@ -1,0 +1,82 @@
+import optuna
+import pytest
+
+from autotune.candidate import Settings
+from autotune.errors import BadInput
+from autotune.space import load_space, parse_space
+
+
+def test_cpu_space_resolves_for_cpu_with_a_draft():
+    s = load_space("cpu", platform="cpu", models={"draft_model"})
+    names = [p.name for p in s.params]
+    assert names[:4] == ["method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"]
+    assert dict((p.name, p.choices) for p in s.params)["method"] == ("none", "ngram", "draft_model")
+    assert "quantization=fp8 (not supported on cpu)" in s.dropped
+    assert s.baseline_trial_params() == {"method": "none", "kv_cache_dtype": "auto", "quantization": "none",
+                                         "enforce_eager": False}
+
+
+def test_methods_needing_a_model_are_dropped_and_reported():
+    s = load_space("cpu", platform="cpu", models=set())
+    method = next(p for p in s.params if p.name == "method")
+    assert method.choices == ("none", "ngram") and "method=draft_model (needs --draft-model)" in s.dropped
+
+
+def test_gpu_space_on_cpu_leaves_out_cuda_only_knobs():
+    s = load_space("gpu", platform="cpu", models=set())
+    assert "cudagraph_mode" not in [p.name for p in s.params]
+    assert "method=eagle3 (not supported on cpu)" in s.dropped
+    s = load_space("gpu", platform="cuda", models={"eagle3_head"})
+    assert "eagle3" in next(p for p in s.params if p.name == "method").choices
+
+
+def test_conditional_params_only_for_their_method():
+    s = load_space("cpu", platform="cpu", models={"draft_model"})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    seen = set()
+    for _ in range(40):
+        c = s.suggest(study.ask())
+        seen.add(c.method)
+        assert ("prompt_lookup_max" in c.params) == (c.method == "ngram")
+        assert ("num_speculative_tokens" in c.params) == (c.method != "none")
+    assert seen == {"none", "ngram", "draft_model"}
+
+
+def test_engine_kwargs_from_candidate():
+    s = load_space("cpu", platform="cpu", models={"draft_model"})
+    study = optuna.create_study()
+    study.enqueue_trial({"method": "draft_model", "num_speculative_tokens": 3, "kv_cache_dtype": "fp8",
+                         "quantization": "int8_per_channel_weight_only", "enforce_eager": True})
+    c = s.suggest(study.ask())
+    kw = c.engine_kwargs(Settings(model="/m/t", draft_model="/m/d", max_model_len=512, gpu_memory_utilization=0.3))
+    assert kw == {"model": "/m/t", "max_model_len": 512, "gpu_memory_utilization": 0.3, "seed": 0,
+                  "kv_cache_dtype": "fp8", "quantization": "int8_per_channel_weight_only", "enforce_eager": True,
+                  "speculative_config": {"method": "draft_model", "model": "/m/d", "num_speculative_tokens": 3}}
+    assert c.lossy and c.label == "draft_model k=3 kv=fp8 q=int8_per_channel_weight_only eager"
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ([1], "expected a mapping"),
+    ({"params": {"method": {"choices": ["none"]}}, "colour": 1}, "key 'colour'"),
+    ({"params": {"speed": {"choices": [1]}, "method": {"choices": ["none"]}}}, "key 'params.speed': expected a known parameter"),
+    ({"params": {"method": {"choices": ["none", "telepathy"]}}}, "key 'params.method.choices': expected methods"),
+    ({"params": {"method": {"choices": ["none"]}, "num_speculative_tokens": {"int": [5, 1]}}}, "low <= high"),
+    ({"params": {"method": {"choices": ["none"]}, "kv_cache_dtype": {"choices": []}}}, "a non-empty list"),
+    ({"params": {"method": {"choices": ["none"]}, "kv_cache_dtype": {"choices": ["auto"], "when": {"x": [1]}}}}, "declared above"),
+    ({"params": {"method": {"choices": ["none"]}}, "baseline": {"method": "ngram"}}, "key 'baseline'"),
+    ({"params": {"method": {"choices": ["none"]}, "enforce_eager": {"choices": [True]}}}, "key 'baseline.enforce_eager'"),
+    ({"params": {"kv_cache_dtype": {"choices": ["auto"]}}}, "includes 'method'"),
+])
+def test_bad_space_is_a_clear_error(data, fragment):
+    with pytest.raises(BadInput) as e:
+        parse_space(data, src="s.yaml", platform="cpu", models=set())
+    assert str(e.value).startswith("s.yaml") and fragment in str(e.value)
+
+
+def test_bad_yaml_names_the_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\nparams:\n  method: [unclosed\n")
+    with pytest.raises(BadInput, match=r"bad.yaml:\d+: not valid YAML"):
+        load_space(str(p), platform="cpu", models=set())
+    with pytest.raises(BadInput, match="no such search space"):
+        load_space("nope", platform="cpu", models=set())

@@ -1,0 +1,92 @@
+"""Orchestration tests with the FAKE engine (tests/fake_engine.py): fast, no vLLM.
+
+The real engine runs in tests/test_engine_study.py.
+"""
+
+import json
+
+import pandas as pd
+import pytest
+from optuna.trial import TrialState
+
+from autotune.candidate import Settings
+from autotune.errors import BadInput
+from autotune.results import load_report, write_results
+from autotune.space import load_space
+from autotune.study import StudyConfig, run_study
+from autotune.workload import load_workload
+from autotune.worker import run_trial
+
+FAKE_SPACE = "tests/data/fake_space.yaml"
+
+
+def cfg(tmp_path, **kw):
+    base = dict(name="fake", results_dir=tmp_path / "fake", settings=Settings(model="fake-model"),
+                n_trials=5, trial_timeout_s=20, engine_module="fake_engine")
+    base.update(kw)
+    return StudyConfig(**base)
+
+
+def test_failures_become_failed_trials_and_the_study_completes(tmp_path, fake_engine_env):
+    c = cfg(tmp_path, trial_timeout_s=4)
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    wl = load_workload("examples/smoke.jsonl")
+    enqueue = [{"method": "ngram", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": q}
+               for q in ("crash", "hang", "die")] + \
+              [{"method": "ngram", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": "none"}]
+    study = run_study(c, wl, space, enqueue=enqueue)
+    t = study.trials
+    assert t[0].user_attrs["role"] == "baseline" and t[0].state == TrialState.COMPLETE
+    assert t[1].state == TrialState.FAIL and "quantization 'crash' is not supported" in t[1].user_attrs["failure"]
+    assert t[2].state == TrialState.FAIL and t[2].user_attrs["failure"].startswith("timeout: no result after 4s")
+    assert t[3].state == TrialState.FAIL and "killed by signal 9" in t[3].user_attrs["failure"]
+    assert t[4].state == TrialState.COMPLETE and t[4].user_attrs["verdict"]["passed"]
+    report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu", "vllm": "fake"},
+                           objectives=list(c.objectives), storage_url=c.storage_url)
+    assert report["best"]["trial"] == 4 and report["best"]["speedup"]["output_tok_s"] > 2
+    frame = pd.read_csv(c.results_dir / "trials.csv")
+    assert list(frame["state"]) == ["COMPLETE", "FAIL", "FAIL", "FAIL", "COMPLETE"]
+    assert frame.loc[1, "failure"].startswith("RuntimeError: fake engine init failed")
+    for name in ("study.db", "trials.csv", "pareto.csv", "best.json", "serve.sh", "report.md"):
+        assert (c.results_dir / name).is_file(), name
+    assert load_report(c.results_dir) == json.loads((c.results_dir / "best.json").read_text())
+
+
+def test_lossy_drift_beyond_budget_is_infeasible_never_best(tmp_path, fake_engine_env):
+    c = cfg(tmp_path, n_trials=2)
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    wl = load_workload("examples/smoke.jsonl")
+    study = run_study(c, wl, space, enqueue=[{"method": "ngram", "num_speculative_tokens": 4,
+                                              "kv_cache_dtype": "fp8", "quantization": "none"}])
+    t1 = study.trials[1]
+    assert t1.state == TrialState.COMPLETE and not t1.user_attrs["verdict"]["passed"]
+    assert "drift" in t1.user_attrs["verdict"]["reason"]
+    report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu"},
+                           objectives=list(c.objectives), storage_url=c.storage_url)
+    assert report["best"]["trial"] == 0  # faster but wrong: the baseline stays best
+    assert [e["trial"] for e in report["pareto"]] == [0]
+
+
+def test_duplicates_are_not_measured_twice_and_resume_continues(tmp_path, fake_engine_env):
+    tiny = tmp_path / "tiny.yaml"  # exactly two configs: baseline and one ngram
+    tiny.write_text("baseline: {method: none}\nparams:\n  method: {choices: [none, ngram]}\n"
+                    "  num_speculative_tokens: {int: [2, 2], when: {method: [ngram]}}\n")
+    space = load_space(str(tiny), platform="cpu", models=set())
+    wl = load_workload("examples/smoke.jsonl")
+    study = run_study(cfg(tmp_path, n_trials=1), wl, space)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE]
+    with pytest.raises(BadInput, match="pass --resume"):
+        run_study(cfg(tmp_path, n_trials=1), wl, space)
+    study = run_study(cfg(tmp_path, n_trials=3), wl, space, resume=True)
+    finished = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    # Two distinct configs exist: each measured once, every other ask recorded as a duplicate.
+    assert [t.user_attrs["label"] for t in finished] == ["none", "ngram k=2"]
+    assert pruned and all(t.user_attrs["duplicate_of"] in (0, 1) for t in pruned)
+
+
+def test_worker_timeout_ends_the_whole_process_group(tmp_path, fake_engine_env):
+    job = {"engine_kwargs": {"model": "m", "quantization": "hang"}, "requests": [], "replay": {"concurrency": 1},
+           "engine_module": "fake_engine"}
+    out = run_trial(job, tmp_path / "t", timeout_s=2)
+    assert out.raw is None and out.failure.startswith("timeout") and 2 <= out.wall_s < 20

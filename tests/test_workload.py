@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from autotune.errors import BadInput
+from autotune.workload import load_workload
+
+
+def write(tmp_path, text, name="w.jsonl", mode="w"):
+    p = tmp_path / name
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text)
+    return p
+
+
+def test_native_form_fields(tmp_path):
+    p = write(tmp_path, json.dumps({"id": "a", "prompt": "hi", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9,
+                                    "seed": 3, "stop": "\n", "arrival_s": 1.5, "expect": {"json": True}}) + "\n"
+              + json.dumps({"messages": [{"role": "user", "content": "yo"}]}) + "\n")
+    wl = load_workload(p)
+    a, b = wl.requests
+    assert a.sampling() == {"max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "ignore_eos": False,
+                            "seed": 3, "stop": ["\n"]}
+    assert a.arrival_s == 1.5 and a.expect == {"json": True} and not a.greedy
+    assert b.id == "1" and b.messages == ({"role": "user", "content": "yo"},) and b.greedy and b.max_tokens == 128
+
+
+def test_bom_and_crlf_are_valid(tmp_path):
+    p = write(tmp_path, b'\xef\xbb\xbf{"prompt": "a"}\r\n{"prompt": "b"}\r\n')
+    assert [r.prompt for r in load_workload(p).requests] == ["a", "b"]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"prompt": "a"}\nnot json\n', ":2: not valid JSON"),
+    ('{"max_tokens": 3}\n', ":1: expected exactly one of 'prompt'"),
+    ('{"prompt": 5}\n', ":1: 'prompt' must be a non-empty string"),
+    ('{"prompt": "a", "max_tokens": -1}\n', ":1: 'max_tokens' must be in [1, 1e+06], got -1"),
+    ('{"prompt": "a", "max_tokens": 10000000}\n', ":1: 'max_tokens' must be in"),
+    ('{"prompt": "a", "max_tokens": "10"}\n', ":1: 'max_tokens' must be an integer"),
+    ('{"prompt": "a", "temperature": true}\n', ":1: 'temperature' must be a number"),
+    ('{"prompt": "a", "colour": 1}\n', ":1: unknown field 'colour'"),
+    ('[1, 2]\n', ":1: expected a JSON object, got list"),
+    ('{"prompt": "a", "expect": {"xml": true}}\n', ":1: 'expect' must be an object"),
+    ('{"messages": [{"role": "user"}]}\n', ":1: 'messages[0]' must be an object"),
+    ('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n', "request id 'x' appears more than once"),
+    ('\n\n', ": no requests"),
+])
+def test_bad_input_names_file_and_line(tmp_path, text, fragment):
+    p = write(tmp_path, text)
+    with pytest.raises(BadInput) as e:
+        load_workload(p)
+    assert str(e.value).startswith(str(p)) and fragment in str(e.value)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(BadInput, match="no such file"):
+        load_workload(tmp_path / "nope.jsonl")
+    with pytest.raises(BadInput, match="is a directory"):
+        load_workload(tmp_path)
+
+
+def test_examples_load():
+    for name in ("json_edit", "support_chat", "smoke"):
+        wl = load_workload(f"examples/{name}.jsonl")
+        assert len(wl.requests) >= (20 if name != "smoke" else 6)
