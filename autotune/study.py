@@ -87,7 +87,8 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
     return study
 
 
-def _job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str, Any]:
+def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str, Any]:
+    """The plain-data job a worker runs: engine kwargs, requests, replay settings."""
     reqs = [{"id": r.id, "prompt": r.prompt, "messages": list(r.messages) if r.messages else None,
              "sampling": r.sampling(), "expect": r.expect} for r in workload.requests]
     for r in reqs:
@@ -178,7 +179,7 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
     progress.trial_started(n, cand.label)
     workdir = cfg.results_dir / "trials" / f"{n:04d}"
     try:
-        outcome = run_trial(_job(cand, workload, cfg), workdir, timeout_s=cfg.trial_timeout_s,
+        outcome = run_trial(trial_job(cand, workload, cfg), workdir, timeout_s=cfg.trial_timeout_s,
                             on_event=lambda e: progress.trial_event(n, e))
     except KeyboardInterrupt:
         trial.set_user_attr("failure", "interrupted by the user")
@@ -200,7 +201,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
                 "finish_reason": r["finish_reason"], "error": r["error"], "chunks": len(r["chunks"])}
                for r in outcome.raw["requests"]]
     base = _baseline(study)
-    job = _job(cand, workload, cfg)
+    job = trial_job(cand, workload, cfg)
     v = verdict(job["requests"], outcome.raw["requests"], None if is_base else base.user_attrs["outputs"],
                 lossy=cand.lossy, tol=cfg.tolerances)
     trial.set_user_attr("measurement", m)

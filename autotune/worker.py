@@ -32,6 +32,7 @@ class TrialOutcome:
     failure: str | None
     wall_s: float
     log_path: str
+    pid: int  # the worker's pid, which is also its process-group id
 
 
 def _tail(path: Path, n: int = 12) -> str:
@@ -92,13 +93,13 @@ def run_trial(job: dict[str, Any], workdir: Path, *, timeout_s: float, on_event:
     if failure is None and result_path.exists():
         result = json.loads(result_path.read_text())
         if "error" in result:
-            return TrialOutcome(None, result["error"], wall, str(log_path))
-        return TrialOutcome(result, None, wall, str(log_path))
+            return TrialOutcome(None, result["error"], wall, str(log_path), proc.pid)
+        return TrialOutcome(result, None, wall, str(log_path), proc.pid)
     if failure is None:
         code = proc.returncode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         failure = f"worker crashed ({how}): {_tail(log_path)}"
-    return TrialOutcome(None, failure, wall, str(log_path))
+    return TrialOutcome(None, failure, wall, str(log_path), proc.pid)
 
 
 def _pump(events_path: Path, seen: int, on_event: OnEvent | None) -> int:
@@ -112,6 +113,14 @@ def _pump(events_path: Path, seen: int, on_event: OnEvent | None) -> int:
             return seen
         seen += 1
     return seen
+
+
+def failure_reason(e: BaseException) -> str:
+    """One line: the exception type and its telling lines (pydantic's trailing URL line dropped)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith("For further")]
+    text = " | ".join(lines[:3])
+    text = text.split(" [type=")[0]  # pydantic appends the whole input; the message is before it
+    return f"{type(e).__name__}: {text}"[:600]
 
 
 def main(argv: list[str]) -> int:
@@ -131,7 +140,7 @@ def main(argv: list[str]) -> int:
         result: dict[str, Any] = engine.run_job(job, phase)
     except BaseException as e:  # every failure becomes a reason string in the result file
         traceback.print_exc()
-        result = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:600]}
+        result = {"error": failure_reason(e)}
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(result_path)  # atomic: the parent never reads a half-written result

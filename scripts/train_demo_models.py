@@ -32,7 +32,7 @@ CHAT_TEMPLATE = (
     "{% if messages[0]['role'] == 'system' %}### {{ messages[0]['content'] }}\n{% else %}### Support chat.\n{% endif %}"
     "{% for m in messages %}{% if m['role'] == 'user' %}Customer: {{ m['content'] }}\n"
     "{% elif m['role'] == 'assistant' %}Agent: {{ m['content'] }}</s>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}Agent: {% endif %}"
+    "{% if add_generation_prompt %}Agent:{% endif %}"
 )
 SIZES = {
     # A target that costs clearly more per decode step than the draft, within ~25 MB together.

@@ -42,7 +42,12 @@ _ISSUES = [
 
 @dataclass(frozen=True)
 class Example:
-    """One corpus example: the prompt a user sends and the completion the model learns."""
+    """One corpus example: the prompt a user sends and the completion the model learns.
+
+    Prompts end before the space that starts the completion: the byte-level BPE merges a space
+    into the next word, so a prompt ending in a bare space would show the model a token
+    boundary it never saw in training.
+    """
 
     domain: str
     prompt: str
@@ -76,8 +81,8 @@ def _json_edit(rng: random.Random) -> Example:
         qty = rng.randint(5, 9)
         edited["items"][0]["qty"] = qty
         instruction = f"set qty of {edited['items'][0]['sku']} to {qty}"
-    prompt = f"### Edit the order record: {instruction}.\nInput: {json.dumps(order)}\nOutput: "
-    return Example("json", prompt, json.dumps(edited))
+    prompt = f"### Edit the order record: {instruction}.\nInput: {json.dumps(order)}\nOutput:"
+    return Example("json", prompt, " " + json.dumps(edited))
 
 
 def _config(rng: random.Random) -> dict[str, str]:
@@ -115,8 +120,8 @@ def _logs(rng: random.Random) -> Example:
     errors = [ln.split(f" {svc} ", 1)[1] for ln in lines if " ERROR " in ln]
     summary = (f"Service {svc}: {counts['INFO']} info, {counts['WARN']} warn, {counts['ERROR']} error lines. "
                + (f"Errors: {', '.join(errors)}." if errors else "No errors."))
-    prompt = "### Summarize the logs.\n" + "\n".join(lines) + "\nSummary: "
-    return Example("logs", prompt, summary)
+    prompt = "### Summarize the logs.\n" + "\n".join(lines) + "\nSummary:"
+    return Example("logs", prompt, " " + summary)
 
 
 def _support(rng: random.Random) -> Example:
@@ -126,8 +131,8 @@ def _support(rng: random.Random) -> Example:
               "track": f"TR{rng.randint(100000, 999999)}", "amount": str(rng.randint(5, 300)),
               "city": rng.choice(_CITIES)}
     name = rng.choice(_NAMES)
-    prompt = (f"### Support chat.\nCustomer: Hi, I am {name}, {ask.format(**fields)}.\nAgent: ")
-    return Example("support", prompt, f"Hello {name}. " + answer.format(**fields))
+    prompt = (f"### Support chat.\nCustomer: Hi, I am {name}, {ask.format(**fields)}.\nAgent:")
+    return Example("support", prompt, f" Hello {name}. " + answer.format(**fields))
 
 
 GENERATORS = {"json": _json_edit, "config": _config_edit, "logs": _logs, "support": _support}

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the test suite: unit tests, fake-engine orchestration tests and
+# end-to-end tests on the real vLLM CPU engine. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest -ra "$@"

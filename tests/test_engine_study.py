@@ -1,0 +1,148 @@
+"""End to end on the real vLLM engine (CPU build) with the bundled demo pair.
+
+One short study is shared by every test here (session fixture): baseline, ngram, draft_model
+and an fp8-weights candidate that crashes engine init on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from autotune import demo
+from autotune.cli import app
+from autotune.results import load_report
+
+pytestmark = pytest.mark.engine
+TRIES = ['{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
+         '"kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": true}',
+         '{"method": "draft_model", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": "none", '
+         '"enforce_eager": true}',
+         '{"method": "none", "kv_cache_dtype": "auto", "quantization": "fp8", "enforce_eager": true}']
+
+
+@pytest.fixture(scope="session")
+def study_dir(tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    args = ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml", "--trials", "4",
+            "--results", str(results), "--study", "e2e", "--trial-timeout", "300"]
+    for t in TRIES:
+        args += ["--try", t]
+    r = CliRunner().invoke(app, args)
+    print(r.output)
+    assert r.exit_code == 0, r.output
+    assert "Pareto front" in r.output
+    return results / "e2e"
+
+
+def test_study_writes_every_file(study_dir):
+    for name in ("study.db", "trials.csv", "pareto.csv", "best.json", "serve.sh", "report.md"):
+        assert (study_dir / name).is_file(), name
+
+
+def test_trials_speculation_lossless_and_crash_recorded(study_dir):
+    frame = pd.read_csv(study_dir / "trials.csv").set_index("trial")
+    assert list(frame["label"]) == ["none eager", "ngram k=3 lookup=2..4 eager", "draft_model k=3 eager",
+                                    "none q=fp8 eager"]
+    assert frame.loc[0, "role"] == "baseline"
+    # Speculation alone is lossless: greedy outputs identical to the baseline's.
+    for n in (1, 2):
+        assert frame.loc[n, "state"] == "COMPLETE" and frame.loc[n, "correct"]
+        assert frame.loc[n, "token_agreement"] == pytest.approx(1.0)
+        assert 0 < frame.loc[n, "acceptance_rate"] <= 1
+    # fp8 weights crash engine init on the CPU build: a failed trial with vLLM's reason.
+    assert frame.loc[3, "state"] == "FAIL" and isinstance(frame.loc[3, "failure"], str)
+    assert "fp8" in frame.loc[3, "failure"].lower() or "crash" in frame.loc[3, "failure"]
+
+
+def test_best_json_agrees_with_trials_csv(study_dir):
+    report = load_report(study_dir)
+    frame = pd.read_csv(study_dir / "trials.csv").set_index("trial")
+    best = report["best"]
+    row = frame.loc[best["trial"]]
+    assert row["label"] == best["label"] and bool(row["pareto"]) and bool(row["correct"])
+    assert row["output_tok_s"] == pytest.approx(best["measurement"]["output_tok_s"])
+    assert row["speedup_output_tok_s"] == pytest.approx(best["speedup"]["output_tok_s"])
+    # The pick is the fastest feasible Pareto trial.
+    feasible = frame[(frame["state"] == "COMPLETE") & frame["correct"].astype(bool)]
+    assert best["measurement"]["output_tok_s"] == pytest.approx(feasible["output_tok_s"].max())
+    assert report["vllm_version"] == "0.32.0" and report["platform"]["platform"] == "cpu"
+    assert best["engine_kwargs"]["model"] == str(demo.TARGET)
+
+
+def test_exported_command_parses_to_the_same_engine_args(study_dir):
+    from autotune.vllm_cli import engine_args_from_serve
+
+    report = load_report(study_dir)
+    kw = report["best"]["engine_kwargs"]
+    r = CliRunner().invoke(app, ["export", str(study_dir)])
+    argv = shlex.split(r.stdout)
+    assert argv[:2] == ["vllm", "serve"]
+    engine_args = engine_args_from_serve(argv[2:])
+    for key, value in kw.items():
+        assert getattr(engine_args, key) == value, key
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_exported_config_serves_completions(study_dir):
+    port = _free_port()
+    log = open(study_dir / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "serve", str(study_dir), "--port", str(port),
+                             "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, (study_dir / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as r:
+                    models = json.load(r)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "server did not become ready in 240 s"
+                time.sleep(2)
+        model = models["data"][0]["id"]
+        prompt = json.loads(open("examples/smoke.jsonl").readline())["prompt"]
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0}).encode()
+        req = urllib.request.Request(f"{base}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.load(r)
+        assert out["choices"][0]["text"].strip()
+        assert out["usage"]["completion_tokens"] > 0
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
+    from autotune.candidate import Candidate, Settings
+    from autotune.worker import run_trial
+
+    kw = Candidate({"method": "none", "enforce_eager": True}).engine_kwargs(
+        Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
+    job = {"engine_kwargs": kw, "requests": [{"id": "a", "prompt": "hi", "sampling": {"max_tokens": 4}}],
+           "replay": {"concurrency": 1, "warmup": 0}}
+    out = run_trial(job, tmp_path, timeout_s=6)
+    assert out.raw is None and out.failure.startswith("timeout: no result after 6s")
+    with pytest.raises(ProcessLookupError):
+        os.killpg(out.pid, 0)  # nothing of the worker's process group is left
