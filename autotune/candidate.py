@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Methods that need a model the user supplies, and the setting that names it.
@@ -39,7 +40,40 @@ class Settings:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def available_models(self) -> set[str]:
-        return {k for k in ("draft_model", "eagle_head", "eagle3_head") if getattr(self, k)}
+        """What the space's ``needs:`` can ask for: user-supplied drafts, and the model's own MTP layers."""
+        have = {k for k in ("draft_model", "eagle_head", "eagle3_head") if getattr(self, k)}
+        if model_has_mtp(self.model):
+            have.add("mtp_layers")
+        return have
+
+
+# vLLM reads the MTP depth from these config keys (DeepSeek-V3, GLM-4.5, MiMo, Qwen3-Next, ...).
+_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
+def model_has_mtp(model: str) -> bool:
+    """Whether the model's config.json declares multi-token-prediction layers.
+
+    Local folders are read directly; a hub id is read from the local Hugging Face cache only
+    (no network here: any earlier vLLM run of the model puts its config there).
+    """
+    cfg = Path(model) / "config.json"
+    if not cfg.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json")
+        except Exception:  # not a valid repo id, or no huggingface_hub: no MTP known
+            return False
+        if not isinstance(cached, str):
+            return False
+        cfg = Path(cached)
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    configs = [data, data.get("text_config") or {}]
+    return any(isinstance(c.get(k), int) and c[k] > 0 for c in configs for k in _MTP_KEYS)
 
 
 @dataclass(frozen=True)

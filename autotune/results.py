@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import __version__
+from autotune.candidate import Candidate
 from autotune.errors import BadInput
 
 SCHEMA_VERSION = 1
@@ -40,10 +41,8 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
     results_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(study)
     frame.to_csv(results_dir / "trials.csv", index=False)
-    frame[frame["pareto"]].to_csv(results_dir / "pareto.csv", index=False) if len(frame) else \
-        frame.to_csv(results_dir / "pareto.csv", index=False)
+    (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
     base, best = baseline_trial(study), pick_best(study, objectives)
-    from autotune.candidate import Candidate
 
     def entry(t: Any) -> dict[str, Any]:
         cand = Candidate(t.user_attrs["candidate"])
@@ -95,16 +94,8 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
     cols = [c for c in ("trial", "label", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s",
                         "acceptance_rate", "correct", "pareto", "failure") if c in frame.columns]
     if len(frame):
-        lines.append(frame[cols].to_markdown(index=False) if _has_tabulate() else frame[cols].to_string(index=False))
+        lines.append(frame[cols].to_markdown(index=False))
     return "\n".join(lines) + "\n"
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def load_report(results_dir: str | Path) -> dict[str, Any]:

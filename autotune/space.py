@@ -104,7 +104,8 @@ def _parse_choices(src: str, name: str, raw: Any, platform: str, models: set[str
                 dropped.append(f"{name}={value} (not supported on {platform})")
                 continue
             if needs is not None and needs not in models:
-                dropped.append(f"{name}={value} (needs --{needs.replace('_', '-')})")
+                hint = "a model with MTP layers" if needs == "mtp_layers" else f"--{needs.replace('_', '-')}"
+                dropped.append(f"{name}={value} (needs {hint})")
                 continue
         else:
             value = item

@@ -80,3 +80,12 @@ def test_bad_yaml_names_the_line(tmp_path):
         load_space(str(p), platform="cpu", models=set())
     with pytest.raises(BadInput, match="no such search space"):
         load_space("nope", platform="cpu", models=set())
+
+
+def test_mtp_only_for_models_that_declare_mtp_layers(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "deepseek_v3", "num_nextn_predict_layers": 1}')
+    assert "mtp_layers" in Settings(model=str(tmp_path)).available_models()
+    s = load_space("gpu", platform="cuda", models=Settings(model=str(tmp_path)).available_models())
+    assert "mtp" in next(p for p in s.params if p.name == "method").choices
+    s = load_space("gpu", platform="cuda", models=Settings(model="meta-llama/Llama-3.1-8B").available_models())
+    assert "method=mtp (needs a model with MTP layers)" in s.dropped
