@@ -100,9 +100,14 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str
             "replay": {"concurrency": cfg.concurrency, "warmup": cfg.warmup}, "engine_module": cfg.engine_module}
 
 
+def _counts(t: FrozenTrial) -> bool:
+    """A trial that used up budget: measured or failed on its own, not a duplicate, not interrupted."""
+    return (t.state in (TrialState.COMPLETE, TrialState.FAIL) and "duplicate_of" not in t.user_attrs
+            and not t.user_attrs.get("interrupted"))
+
+
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "duplicate_of" not in t.user_attrs]
+    return [t for t in study.get_trials(deepcopy=False) if _counts(t)]
 
 
 def _fail_stale(study: optuna.Study) -> None:
@@ -110,7 +115,20 @@ def _fail_stale(study: optuna.Study) -> None:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         # Optuna has no public setter for a user attribute of a trial not in hand.
         study._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted (found running on resume)")
+        study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         study.tell(t.number, state=TrialState.FAIL)
+
+
+def _retry_interrupted(study: optuna.Study) -> None:
+    """Queue again each interrupted candidate that has not been measured since."""
+    trials = study.get_trials(deepcopy=False)
+    done = {Candidate(t.user_attrs.get("candidate", {})).key() for t in trials
+            if _counts(t) or t.state == TrialState.WAITING}
+    for t in trials:
+        key = Candidate(t.user_attrs.get("candidate", {})).key()
+        if t.user_attrs.get("interrupted") and t.user_attrs.get("role") != BASELINE and key not in done:
+            study.enqueue_trial(t.params)
+            done.add(key)
 
 
 def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
@@ -125,15 +143,17 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
     study = open_study(cfg)
     if resume:
         _fail_stale(study)
+        _retry_interrupted(study)
     elif _finished(study):
         raise BadInput(f"--study: {cfg.name!r} already has trials in {cfg.results_dir}; "
                        "pass --resume to continue it or choose another --study name")
     study.set_user_attr("workload", workload.path)
     study.set_user_attr("space", space.name)
     study.set_user_attr("concurrency", cfg.concurrency)
-    baseline = _baseline(study)
-    if baseline is None:
-        study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE}, skip_if_exists=True)
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if _baseline(study) is None and not any(t.user_attrs.get("role") == BASELINE for t in waiting):
+        # Not skip_if_exists: an interrupted baseline must run again.
+        study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE})
     for params in enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
     asks = 0
@@ -145,7 +165,7 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
         cand = space.baseline_candidate() if is_base else space.suggest(trial)
         trial.set_user_attr("candidate", cand.params)
         trial.set_user_attr("label", cand.label)
-        dup = _duplicate(study, cand, trial.number)
+        dup = None if is_base else _duplicate(study, cand, trial.number)
         if dup is not None:  # never measure the same config twice without meaning to
             trial.set_user_attr("duplicate_of", dup)
             study.tell(trial, state=TrialState.PRUNED)
@@ -167,7 +187,7 @@ def _baseline(study: optuna.Study) -> FrozenTrial | None:
 def _duplicate(study: optuna.Study, cand: Candidate, number: int) -> int | None:
     key = cand.key()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)):
-        if t.number != number and "duplicate_of" not in t.user_attrs and \
+        if t.number != number and (_counts(t) or t.state == TrialState.RUNNING) and \
                 Candidate(t.user_attrs.get("candidate", {})).key() == key:
             return t.number
     return None
@@ -183,6 +203,7 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
                             on_event=lambda e: progress.trial_event(n, e))
     except KeyboardInterrupt:
         trial.set_user_attr("failure", "interrupted by the user")
+        trial.set_user_attr("interrupted", True)  # not counted, not a duplicate: --resume measures it again
         study.tell(trial, state=TrialState.FAIL)
         raise
     trial.set_user_attr("wall_s", round(outcome.wall_s, 2))
@@ -201,6 +222,8 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
                 "finish_reason": r["finish_reason"], "error": r["error"], "chunks": len(r["chunks"])}
                for r in outcome.raw["requests"]]
     base = _baseline(study)
+    if base is None and not is_base:
+        raise StudyFailed("no completed baseline trial to judge candidates against")
     job = trial_job(cand, workload, cfg)
     v = verdict(job["requests"], outcome.raw["requests"], None if is_base else base.user_attrs["outputs"],
                 lossy=cand.lossy, tol=cfg.tolerances)

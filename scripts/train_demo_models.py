@@ -104,7 +104,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few steps only, to test the script")
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--target-steps", type=int, default=300)
+    ap.add_argument("--target-steps", type=int, default=450)
     ap.add_argument("--draft-steps", type=int, default=600)
     args = ap.parse_args()
     torch.set_num_threads(2)

@@ -90,3 +90,45 @@ def test_worker_timeout_ends_the_whole_process_group(tmp_path, fake_engine_env):
            "engine_module": "fake_engine"}
     out = run_trial(job, tmp_path / "t", timeout_s=2)
     assert out.raw is None and out.failure.startswith("timeout") and 2 <= out.wall_s < 20
+
+
+class _InterruptAt:
+    """Progress that presses Ctrl-C when trial ``number`` starts measuring."""
+
+    def __init__(self, number):
+        self.number = number
+
+    def trial_started(self, number, label): ...
+    def trial_finished(self, number, label, summary): ...
+
+    def trial_event(self, number, event):
+        if number == self.number and event.get("phase") == "measure":
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_marks_the_running_trial_and_resume_measures_it_again(tmp_path, fake_engine_env):
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    wl = load_workload("examples/smoke.jsonl")
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": "none"}
+    with pytest.raises(KeyboardInterrupt):
+        run_study(cfg(tmp_path, n_trials=2), wl, space, enqueue=[ngram], progress=_InterruptAt(1))
+    study = run_study(cfg(tmp_path, n_trials=2), wl, space, resume=True, enqueue=[ngram])
+    t = study.trials
+    assert t[1].state == TrialState.FAIL and t[1].user_attrs["failure"] == "interrupted by the user"
+    assert t[2].state == TrialState.COMPLETE and t[2].user_attrs["candidate"] == t[1].user_attrs["candidate"]
+    assert sum(x.state == TrialState.COMPLETE for x in t) == 2  # baseline + the re-measured ngram
+
+
+def test_baseline_left_running_by_a_hard_kill_runs_again_on_resume(tmp_path, fake_engine_env):
+    from autotune.study import BASELINE, open_study
+
+    c = cfg(tmp_path, n_trials=1)
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    c.results_dir.mkdir(parents=True)
+    study = open_study(c)
+    study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE})
+    study.ask()  # RUNNING, and then the process "died"
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space, resume=True)
+    t = study.trials
+    assert t[0].state == TrialState.FAIL and t[0].user_attrs["failure"].startswith("interrupted")
+    assert t[1].state == TrialState.COMPLETE and t[1].user_attrs["role"] == BASELINE

@@ -144,6 +144,11 @@ def examples(n: int, *, seed: int, domains: tuple[str, ...] = tuple(GENERATORS))
     return [GENERATORS[domains[i % len(domains)]](rng) for i in range(n)]
 
 
-def documents(n: int, *, seed: int) -> list[str]:
+# Training mix: the edit tasks teach the model to copy from its prompt, which is what makes
+# its output predictable by prompt lookup (ngram) and by a small draft.
+TRAINING_MIX = ("json", "config", "json", "config", "logs", "support")
+
+
+def documents(n: int, *, seed: int, domains: tuple[str, ...] = TRAINING_MIX) -> list[str]:
     """Training documents: prompt, completion and the end-of-sequence marker."""
-    return [e.prompt + e.completion + EOS for e in examples(n, seed=seed)]
+    return [e.prompt + e.completion + EOS for e in examples(n, seed=seed, domains=domains)]
