@@ -118,6 +118,8 @@ def search(
         help="Passed to vLLM (on CPU: share of host RAM for the KV cache). Default 0.3 on CPU.")] = None,
     max_drift: Annotated[float, typer.Option(min=0, max=1, help="Allowed token disagreement for lossy configs.")] = 0.10,
     lossless_tolerance: Annotated[float, typer.Option(min=0, max=1, help="Allowed disagreement for speculation-only configs.")] = 0.02,
+    samples: Annotated[int, typer.Option(min=0, help="Draws per sampled request for the distribution test "
+                                                    "against the baseline (0: skip the test).")] = 64,
     seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue an existing study of the same name.")] = False,
     try_: Annotated[Optional[list[str]], typer.Option(
@@ -166,7 +168,7 @@ def _search(**o: Any) -> None:
     out = o["results"] / name
     cfg = StudyConfig(name=name, results_dir=out, settings=settings, objectives=objectives, n_trials=o["trials"],
                       storage=o["storage"], concurrency=o["concurrency"], warmup=o["warmup"],
-                      trial_timeout_s=o["trial_timeout"], seed=o["seed"],
+                      trial_timeout_s=o["trial_timeout"], seed=o["seed"], samples=o["samples"],
                       tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"]))
     console.print(f"autotune {__version__}: {len(wl.requests)} requests from {wl.path}, space '{sp.name}' "
                   f"on {platform}, model {model}", highlight=False)

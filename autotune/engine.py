@@ -56,12 +56,30 @@ def _prompt_text(engine: Any, req: dict[str, Any]) -> str:
     return tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True)
 
 
-async def _one(engine: Any, req: dict[str, Any], prompt: str) -> dict[str, Any]:
+def inject_fault(sampling: dict[str, Any], fault: dict[str, Any] | None) -> dict[str, Any]:
+    """Planted faults, for testing the correctness checks on the real engine (never set by a study).
+
+    ``temperature_scale`` samples hotter or colder than asked, ``top_p`` ignores the asked top-p of
+    sampled requests, ``max_tokens_cap`` truncates outputs.
+    """
+    if not fault:
+        return sampling
+    out = dict(sampling)
+    if out.get("temperature", 0) > 0:
+        out["temperature"] = out["temperature"] * fault.get("temperature_scale", 1.0)
+        if "top_p" in fault:
+            out["top_p"] = fault["top_p"]
+    if "max_tokens_cap" in fault:
+        out["max_tokens"] = min(out["max_tokens"], fault["max_tokens_cap"])
+    return out
+
+
+async def _one(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one request, streaming deltas; keep raw timestamps (derived numbers come later)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    params = SamplingParams(output_kind=RequestOutputKind.DELTA, **req["sampling"])
+    params = SamplingParams(output_kind=RequestOutputKind.DELTA, **inject_fault(req["sampling"], fault))
     rec: dict[str, Any] = {"id": req["id"], "start": time.perf_counter(), "chunks": [], "token_ids": [],
                            "text": "", "finish_reason": None, "error": None, "prompt_tokens": None}
     try:
@@ -83,7 +101,7 @@ async def _one(engine: Any, req: dict[str, Any], prompt: str) -> dict[str, Any]:
 
 
 async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], concurrency: int,
-                  on_done: Callable[[int], None]) -> list[dict[str, Any]]:
+                  on_done: Callable[[int], None], fault: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Closed loop: at most ``concurrency`` requests in flight, the next one sent when one finishes."""
     sem = asyncio.Semaphore(concurrency)
     done = 0
@@ -91,7 +109,7 @@ async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], c
     async def run(i: int) -> dict[str, Any]:
         nonlocal done
         async with sem:
-            rec = await _one(engine, reqs[i], prompts[i])
+            rec = await _one(engine, reqs[i], prompts[i], fault)
         done += 1
         on_done(done)
         return rec
@@ -99,11 +117,38 @@ async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], c
     return list(await asyncio.gather(*(run(i) for i in range(len(reqs)))))
 
 
+async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], replay: dict[str, Any],
+                   fault: dict[str, Any] | None, phase: Phase) -> dict[str, list[list[int]]]:
+    """After the measured window: draw ``samples`` short samples of every sampled request.
+
+    Their first ``sample_tokens`` tokens feed the distribution test against the baseline.
+    Seeds are fixed per draw, so a run is reproducible.
+    """
+    n, length = replay.get("samples", 0), replay.get("sample_tokens", 3)
+    picked = [(r, p) for r, p in zip(reqs, prompts) if r["sampling"].get("temperature", 0) > 0]
+    if not n or not picked:
+        return {}
+    jobs, owners = [], []
+    for r, p in picked:
+        base_seed = r["sampling"].get("seed") or 0
+        for i in range(n):
+            sampling = {**r["sampling"], "max_tokens": length, "seed": base_seed * 100_003 + i}
+            jobs.append(({"id": f"{r['id']}#s{i}", "sampling": sampling}, p))
+            owners.append(r["id"])
+    phase("samples", {"total": len(jobs)})
+    recs = await _replay(engine, [j for j, _ in jobs], [p for _, p in jobs], max(8, replay["concurrency"]),
+                         lambda d: None, fault)
+    out: dict[str, list[list[int]]] = {r["id"]: [] for r, _ in picked}
+    for owner, rec in zip(owners, recs):
+        out[owner].append(rec["token_ids"])
+    return out
+
+
 async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    reqs, replay = job["requests"], job["replay"]
+    reqs, replay, fault = job["requests"], job["replay"], job.get("inject_fault")
     phase("engine", {})
     t0 = time.perf_counter()
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**job["engine_kwargs"], disable_log_stats=False))
@@ -120,9 +165,10 @@ async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
         before = spec_counters()
         t2 = time.perf_counter()
         records = await _replay(engine, reqs, prompts, replay["concurrency"],
-                                lambda n: phase("progress", {"done": n, "total": len(reqs)}))
+                                lambda n: phase("progress", {"done": n, "total": len(reqs)}), fault)
         t3 = time.perf_counter()
         counters = diff_counters(before, spec_counters())
+        samples = await _samples(engine, reqs, prompts, replay, fault, phase)
     finally:
         engine.shutdown()
     for r in records:  # times relative to the window start, easier to read and to check
@@ -131,7 +177,7 @@ async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
         for c in r["chunks"]:
             c[0] -= t2
     return {"engine_init_s": init_s, "warmup_s": warm_s, "window_s": t3 - t2, "requests": records,
-            "spec_counters": counters, "vllm_version": vllm_version(), "concurrency": replay["concurrency"]}
+            "samples": samples, "spec_counters": counters, "vllm_version": vllm_version(), "concurrency": replay["concurrency"]}
 
 
 def run_job(job: dict[str, Any], phase: Phase) -> dict[str, Any]:

@@ -43,6 +43,8 @@ class StudyConfig:
     trial_timeout_s: float = 600.0
     tolerances: Tolerances = field(default_factory=Tolerances)
     seed: int = 0
+    samples: int = 64  # draws per sampled request for the distribution test
+    sample_tokens: int = 3  # leading tokens that form one outcome of the test
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
 
     @property
@@ -97,7 +99,8 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str
         if r["messages"] is None:
             del r["messages"]
     return {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
-            "replay": {"concurrency": cfg.concurrency, "warmup": cfg.warmup}, "engine_module": cfg.engine_module}
+            "replay": {"concurrency": cfg.concurrency, "warmup": cfg.warmup, "samples": cfg.samples,
+                       "sample_tokens": cfg.sample_tokens}, "engine_module": cfg.engine_module}
 
 
 def _counts(t: FrozenTrial) -> bool:
@@ -226,15 +229,17 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         raise StudyFailed("no completed baseline trial to judge candidates against")
     job = trial_job(cand, workload, cfg)
     v = verdict(job["requests"], outcome.raw["requests"], None if is_base else base.user_attrs["outputs"],
-                lossy=cand.lossy, tol=cfg.tolerances)
+                lossy=cand.lossy, tol=cfg.tolerances, samples=outcome.raw.get("samples"),
+                base_samples=None if is_base else base.user_attrs.get("samples"))
     trial.set_user_attr("measurement", m)
     trial.set_user_attr("verdict", v.to_dict())
-    for key, value in zip(("token_disagreement_over_budget", "expectation_regressions", "incomplete"),
-                          v.constraints):
+    for key, value in zip(("token_disagreement_over_budget", "expectation_regressions", "incomplete",
+                           "distribution_shift"), v.constraints):
         trial.set_constraint(key, value)
     trial.set_user_attr("vllm_version", outcome.raw.get("vllm_version"))
-    if is_base:
-        trial.set_user_attr("outputs", outputs)  # the reference every candidate is judged against
+    if is_base:  # the reference every candidate is judged against
+        trial.set_user_attr("outputs", outputs)
+        trial.set_user_attr("samples", outcome.raw.get("samples") or {})
     if m["incomplete"]:
         trial.set_user_attr("failure", f"incomplete run: {m['incomplete']} of {m['requests']} requests "
                             f"did not finish ({v.reason})")

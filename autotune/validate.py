@@ -3,6 +3,7 @@
 Speculation alone should be lossless: greedy outputs must match the baseline's tokens (vLLM
 promises equality "up to numerics", so a small tolerance is allowed). Quantization and KV dtype
 change numerics on purpose: their drift from the baseline is gated by ``max_drift``.
+Sampled requests are judged by a two-sample test of their output distribution (autotune.stats).
 Expectations (``expect``) a baseline output meets must also be met by the candidate.
 """
 
@@ -14,12 +15,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.metrics import complete
+from autotune.stats import DEFAULT_ALPHA, two_sample_test
 
 
 @dataclass(frozen=True)
 class Tolerances:
     lossless: float = 0.02  # allowed mean token disagreement for speculation-only candidates
     max_drift: float = 0.10  # allowed mean token disagreement for lossy candidates
+    alpha: float = DEFAULT_ALPHA  # significance of the sampled-output distribution test
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,9 @@ class Verdict:
     first_divergence: int | None  # earliest divergence position over greedy requests
     expect_failed: int
     expect_regressions: int
-    sampled_unchecked: int
+    sampled_requests: int
+    distribution_p: float | None  # two-sample test of sampled outputs vs the baseline (None: not run)
+    distribution_samples: int  # draws per side, over all sampled requests
     budget: float
     constraints: tuple[float, ...]  # Optuna convention: every value <= 0 means feasible
 
@@ -76,13 +81,18 @@ def request_failures(req: dict[str, Any], rec: dict[str, Any]) -> list[str]:
 
 
 def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: list[dict[str, Any]] | None,
-            *, lossy: bool, tol: Tolerances) -> Verdict:
-    """Judge a candidate's records against the baseline's (``base`` None: this *is* the baseline)."""
+            *, lossy: bool, tol: Tolerances, samples: dict[str, list[list[int]]] | None = None,
+            base_samples: dict[str, list[list[int]]] | None = None) -> Verdict:
+    """Judge a candidate's records against the baseline's (``base`` None: this *is* the baseline).
+
+    ``samples``/``base_samples``: per sampled request, short samples drawn with fixed seeds; for a
+    lossless candidate their first tokens must follow the baseline's distribution.
+    """
     by_id = {r["id"]: r for r in cand}
     base_by_id = {r["id"]: r for r in base} if base is not None else by_id
     budget = tol.max_drift if lossy else tol.lossless
     agreements, identical, first, greedy = [], 0, None, 0
-    expect_failed = regressions = unchecked = 0
+    expect_failed = regressions = sampled = 0
     reasons: list[str] = []
     incomplete = [r["id"] for r in cand if not complete(r)]
     if incomplete:
@@ -103,15 +113,26 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
             if div is not None and (first is None or div < first):
                 first = div
         else:
-            unchecked += 1  # sampled outputs need a distribution test, not a token comparison
+            sampled += 1  # sampled outputs are judged by distribution, below
     mean_agree = sum(agreements) / len(agreements) if agreements else 1.0
     gap = (1.0 - mean_agree) - budget
     if gap > 0:
         kind = "drift" if lossy else "greedy mismatch (speculation should be lossless)"
         reasons.append(f"{kind}: token agreement {mean_agree:.3f} < {1 - budget:.3f}; "
                        f"{greedy - identical}/{greedy} greedy outputs differ, first at token {first}")
-    constraints = (gap, float(regressions), float(len(incomplete)))
+    dist_p, n_draws, dist_gap = None, 0, 0.0
+    if base is not None and samples and base_samples:
+        pairs = [([tuple(x) for x in base_samples[k]], [tuple(x) for x in samples[k]])
+                 for k in samples if k in base_samples]
+        test = two_sample_test(pairs)
+        dist_p, n_draws = test.p_value, sum(len(b) for _, b in pairs)
+        # Speculation must keep the sampler's distribution; lossy configs are judged by drift alone.
+        if not lossy and test.flagged(tol.alpha):
+            dist_gap = tol.alpha - test.p_value
+            reasons.append(f"sampled outputs differ in distribution from the baseline's (chi-square "
+                           f"p={test.p_value:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
+    constraints = (gap, float(regressions), float(len(incomplete)), dist_gap)
     return Verdict(passed=not reasons, reason="; ".join(reasons) or "ok", greedy_requests=greedy,
                    greedy_identical=identical, token_agreement=mean_agree, first_divergence=first,
-                   expect_failed=expect_failed, expect_regressions=regressions, sampled_unchecked=unchecked,
-                   budget=budget, constraints=constraints)
+                   expect_failed=expect_failed, expect_regressions=regressions, sampled_requests=sampled,
+                   distribution_p=dist_p, distribution_samples=n_draws, budget=budget, constraints=constraints)

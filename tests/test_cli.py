@@ -28,7 +28,7 @@ def test_help_has_examples(command):
     (["search", "examples/smoke.jsonl", "--space", "{tmp}/space.yaml"], "space.yaml: key 'params.warp'"),
     (["search", "examples/smoke.jsonl", "--space", "nope"], "nope: no such search space"),
     (["search", "examples/smoke.jsonl", "--objectives", "speed"], "--objectives: unknown objective 'speed'"),
-    (["export", "{tmp}/nothing"], "best.json: no such results file"),
+    (["export", "{tmp}/nothing"], "nothing: no such results file"),
     (["export", "{tmp}/res", "--format", "toml"], "--format: expected one of command, yaml, json"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, fragment):

@@ -52,11 +52,29 @@ def test_truncated_and_incomplete_outputs_fail():
     assert not v.passed and "incomplete" in v.reason and v.constraints[2] == 1
 
 
-def test_sampled_requests_are_counted_unchecked():
+def test_sampled_requests_are_not_token_compared():
     v = verdict([req("a", temperature=0.8)], [rec("a", [1])], [rec("a", [2])], lossy=False, tol=Tolerances())
-    assert v.passed and v.sampled_unchecked == 1 and v.greedy_requests == 0
+    assert v.passed and v.sampled_requests == 1 and v.greedy_requests == 0 and v.distribution_p is None
 
 
 def test_check_expect():
     assert check_expect({"json": True, "regex": r"\d+", "contains": "a"}, '{"a": 1}') == []
     assert check_expect({"json": True, "regex": r"^z", "contains": "q"}, "nope") == ["json", "regex", "contains"]
+
+
+def test_sampled_distribution_shift_fails_lossless_only():
+    import random
+
+    rnd = random.Random(0)
+    reqs = [req("s", temperature=0.8)]
+    recs = [rec("s", [1])]
+    same = {"s": [[rnd.choice([1, 2, 3])] for _ in range(300)]}
+    base = {"s": [[rnd.choice([1, 2, 3])] for _ in range(300)]}
+    shifted = {"s": [[rnd.choice([1, 1, 1, 2, 3])] for _ in range(300)]}
+    ok = verdict(reqs, recs, recs, lossy=False, tol=Tolerances(), samples=same, base_samples=base)
+    assert ok.passed and ok.distribution_p > 0.01 and ok.distribution_samples == 300
+    bad = verdict(reqs, recs, recs, lossy=False, tol=Tolerances(), samples=shifted, base_samples=base)
+    assert not bad.passed and bad.distribution_p < 1e-6 and bad.constraints[3] > 0
+    assert "differ in distribution" in bad.reason
+    lossy = verdict(reqs, recs, recs, lossy=True, tol=Tolerances(), samples=shifted, base_samples=base)
+    assert lossy.passed and lossy.distribution_p < 1e-6  # reported, gated by drift instead

@@ -1,0 +1,44 @@
+"""Benchmark: false-alarm rate and power of the two-sample test on the Markov-chain model.
+
+Prints, for several sample sizes, how often exact speculative sampling is flagged (false
+alarms, should be about alpha) and how often the broken variant that resamples from p after a
+rejection is caught (power), over many seeds:
+
+    .venv/bin/python benchmarks/false_alarm.py [--seeds 200] [--alpha 0.01]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from markov import speculative, target  # noqa: E402
+
+from autotune.stats import two_sample_test  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--alpha", type=float, default=0.01)
+    ap.add_argument("--prompts", type=int, default=2, help="independent tables combined in one test")
+    args = ap.parse_args()
+    print(f"alpha {args.alpha}, {args.prompts} prompts per test, {args.seeds} seeds per cell")
+    for n in (100, 200, 400, 800, 1600):
+        fa = power = 0
+        for seed in range(args.seeds):
+            rng = np.random.default_rng(seed)
+            fa += two_sample_test([(target(rng, n), speculative(rng, n)) for _ in range(args.prompts)]).flagged(args.alpha)
+            rng = np.random.default_rng(10**6 + seed)
+            power += two_sample_test([(target(rng, n), speculative(rng, n, broken=True))
+                                      for _ in range(args.prompts)]).flagged(args.alpha)
+        print(f"n={n:5d} samples/side/prompt: false alarms {fa}/{args.seeds} ({fa / args.seeds:.1%}), "
+              f"broken sampler caught {power}/{args.seeds} ({power / args.seeds:.1%})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
