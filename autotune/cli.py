@@ -122,6 +122,9 @@ def search(
                                                     "against the baseline (0: skip the test).")] = 64,
     seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue an existing study of the same name.")] = False,
+    warm_start: Annotated[Optional[Path], typer.Option(
+        help="Old results (folder or best.json): re-measure its pick and Pareto set first.",
+        envvar="AUTOTUNE_WARM_START")] = None,
     try_: Annotated[Optional[list[str]], typer.Option(
         "--try", help="A config to measure first, as JSON of space parameters, e.g. "
                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'. Repeatable.")] = None,
@@ -174,12 +177,14 @@ def _search(**o: Any) -> None:
                   f"on {platform}, model {model}", highlight=False)
     for note in sp.dropped:
         console.print(f"  [dim]left out: {note}[/dim]", highlight=False)
+    enqueue = [_parse_try(t, sp) for t in o["try_"] or []]
+    if o["warm_start"] is not None:
+        enqueue += _warm_start(o["warm_start"], sp, settings, wl.path)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("starting", total=cfg.n_trials)
-        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task), resume=o["resume"],
-                       enqueue=[_parse_try(t, sp) for t in o["try_"] or []])
+        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task), resume=o["resume"], enqueue=enqueue)
     report = write_results(st, out, settings=settings, platform=hardware.describe(), objectives=list(objectives),
                            storage_url=cfg.storage_url)
     console.print(pareto_table(report))
@@ -192,6 +197,29 @@ def _search(**o: Any) -> None:
     console.print(f"results: {out}/ (trials.csv, pareto.csv, best.json, serve.sh, report.md)", highlight=False)
     if not report.get("best"):
         raise typer.Exit(1)
+
+
+def _warm_start(path: Path, space: Any, settings: Any, workload: str) -> list[dict[str, Any]]:
+    """The old pick and Pareto set as parameter sets to enqueue; report what changed since."""
+    from autotune import hardware
+    from autotune.results import load_report
+
+    old = load_report(path)
+    names = {p.name for p in space.params}
+    picks = ([old["best"]] if old.get("best") else []) + list(old.get("pareto") or [])
+    params: list[dict[str, Any]] = []
+    for e in picks:
+        p = {k: v for k, v in e["candidate"].items() if k in names}
+        if p not in params and p.get("method", "none") in next(x.choices for x in space.params if x.name == "method"):
+            params.append(p)
+    then = {"vLLM": old.get("vllm_version"), "model": ((old.get("best") or {}).get("engine_kwargs") or {}).get("model"),
+            "workload": old.get("workload")}
+    now = {"vLLM": hardware.vllm_version(), "model": settings.model, "workload": workload}
+    for k in then:
+        if then[k] != now[k]:
+            console.print(f"[yellow]warm start:[/yellow] {k} changed since {path}: {then[k]} -> {now[k]}", highlight=False)
+    console.print(f"warm start: re-measuring {len(params)} config(s) from {path} first", highlight=False)
+    return params
 
 
 def _parse_try(text: str, space: Any) -> dict[str, Any]:
@@ -263,6 +291,34 @@ def serve(ctx: typer.Context,
         _fail(e)
     argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(report["best"]["engine_kwargs"]), *ctx.args]
     os.execv(sys.executable, argv)  # the server becomes this process: signals reach it directly
+
+
+@app.command(epilog="Examples:\n\n  autotune check results/nightly --against deployed/ --tolerance 5%\n\n"
+             "  autotune check results/nightly --against deployed/best.json --json")
+def check(
+    results: Annotated[Path, typer.Argument(help="The new results folder (or its best.json).")],
+    against: Annotated[Path, typer.Option(help="The deployed config's results folder (or best.json).",
+                                          envvar="AUTOTUNE_AGAINST")],
+    tolerance: Annotated[str, typer.Option(help="Allowed worsening of each objective, e.g. 5% or 0.05.")] = "5%",
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of Markdown.")] = False,
+) -> None:
+    """Exit 1 if the new pick is worse than the deployed one beyond the tolerance, or incorrect.
+
+    The Markdown summary is also appended to $GITHUB_STEP_SUMMARY when that is set.
+    """
+    from autotune.check import compare, markdown, parse_tolerance
+    from autotune.results import load_report
+
+    try:
+        result = compare(load_report(results), load_report(against), tolerance=parse_tolerance(tolerance))
+    except AutotuneError as e:
+        _fail(e)
+    summary = markdown(result)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
+            f.write(summary)
+    sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if json_out else summary)
+    raise typer.Exit(0 if result.ok else 1)
 
 
 def main() -> None:

@@ -146,3 +146,26 @@ def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
     assert out.raw is None and out.failure.startswith("timeout: no result after 6s")
     with pytest.raises(ProcessLookupError):
         os.killpg(out.pid, 0)  # nothing of the worker's process group is left
+
+
+def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
+    """Nightly: a warm-started study re-measures the deployed pick first, then `check` gates it."""
+    old = load_report(study_dir)
+    runner = CliRunner()
+    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml",
+                            "--trials", "2", "--results", str(tmp_path), "--study", "nightly",
+                            "--warm-start", str(study_dir)])
+    assert r.exit_code == 0, r.output
+    assert "warm start: re-measuring" in r.output
+    frame = pd.read_csv(tmp_path / "nightly" / "trials.csv")
+    assert list(frame["label"])[:2] == ["none eager", old["best"]["label"]]  # baseline, then the deployed pick
+    # Without a regression (CPU timing noise between two runs stays well inside 35%): exit 0.
+    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(study_dir), "--tolerance", "35%"])
+    assert r.exit_code == 0, r.output
+    # Planted regression: the deployed results claim 3x the throughput that can be reproduced.
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    old["best"]["measurement"]["output_tok_s"] *= 3
+    (planted / "best.json").write_text(json.dumps(old))
+    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(planted), "--tolerance", "35%"])
+    assert r.exit_code == 1 and "REGRESSION" in r.stdout and "output_tok_s is" in r.stdout
