@@ -101,6 +101,10 @@ def search(
     eagle3_head: Annotated[Optional[str], typer.Option(help="EAGLE-3 draft head (GPU).")] = None,
     space: Annotated[Optional[str], typer.Option(help="Search space: bundled name (cpu, gpu, quick) or YAML file. "
                                                       "Default: the platform's.", envvar="AUTOTUNE_SPACE")] = None,
+    format: Annotated[str, typer.Option("--format", help="Workload format: auto, native, openai-batch, sharegpt, "
+                                                        "vllm-bench.")] = "auto",
+    output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none "
+                                                              "(vllm-bench files carry prompts only).")] = None,
     trials: Annotated[int, typer.Option(min=1, help="Trials to finish, the baseline included.")] = 8,
     study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
@@ -150,7 +154,7 @@ def _search(**o: Any) -> None:
     from autotune.validate import Tolerances
     from autotune.workload import load_workload
 
-    wl = load_workload(o["workload"])
+    wl = load_workload(o["workload"], format=o["format"], output_len=o["output_len"])
     objectives = tuple(x.strip() for x in o["objectives"].split(",") if x.strip())
     validate_objectives(objectives)
     platform = hardware.detect()
@@ -319,6 +323,61 @@ def check(
             f.write(summary)
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if json_out else summary)
     raise typer.Exit(0 if result.ok else 1)
+
+
+workload_app = typer.Typer(no_args_is_help=True, help="Look at a workload before tuning on it, or convert it.")
+app.add_typer(workload_app, name="workload")
+
+
+@workload_app.command("inspect", epilog="Examples:\n\n  autotune workload inspect examples/json_edit.jsonl\n\n"
+                      "  autotune workload inspect batch.jsonl --format openai-batch --json")
+def workload_inspect(
+    file: Annotated[Path, typer.Argument(help="Workload file.")],
+    format: Annotated[str, typer.Option("--format", help="auto, native, openai-batch, sharegpt, vllm-bench.")] = "auto",
+    output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Request count, prompt/output lengths, sampling mix, arrivals, and whether ngram lookup may help."""
+    from autotune.inspection import summarize
+    from autotune.workload import load_workload
+
+    try:
+        info = summarize(load_workload(file, format=format, output_len=output_len))
+    except AutotuneError as e:
+        _fail(e)
+    if json_out:
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        return
+    t = Table(title=f"{info['file']}: {info['requests']} requests", show_header=False)
+    for key in ("prompt_words", "prompt_chars", "max_tokens", "prompt_repetition"):
+        d = info[key]
+        t.add_row(key.replace("_", " "), f"p50 {d['p50']:.3g}  p90 {d['p90']:.3g}  min {d['min']:.3g}  max {d['max']:.3g}")
+    t.add_row("sampling", f"{info['greedy']} greedy, {info['sampled']} sampled ({info['seeded']} seeded)")
+    t.add_row("chat requests", str(info["chat_requests"]))
+    t.add_row("with expectations", str(info["with_expectations"]))
+    a = info["arrivals"]
+    t.add_row("arrivals", "none (replayed closed-loop)" if a is None else
+              f"{a['timed']} timed over {a['span_s']:.1f} s")
+    t.add_row("ngram lookup", f"{info['ngram_hint']} ({info['edit_like_requests']} edit-like requests)")
+    console.print(t)
+
+
+@workload_app.command("convert", epilog="Examples:\n\n  autotune workload convert sharegpt.json -o workload.jsonl")
+def workload_convert(
+    file: Annotated[Path, typer.Argument(help="Workload file in any supported format.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the native JSONL.")],
+    format: Annotated[str, typer.Option("--format", help="auto, native, openai-batch, sharegpt, vllm-bench.")] = "auto",
+    output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none.")] = None,
+) -> None:
+    """Write a workload in the native JSONL form."""
+    from autotune.workload import load_workload
+
+    try:
+        wl = load_workload(file, format=format, output_len=output_len)
+    except AutotuneError as e:
+        _fail(e)
+    output.write_text("".join(json.dumps(r.to_json()) + "\n" for r in wl.requests))
+    console.print(f"wrote {len(wl.requests)} requests to {output}", highlight=False)
 
 
 def main() -> None:

@@ -145,9 +145,44 @@ def parse_request(obj: Any, where: str, index: int) -> Request:
     )
 
 
-def load_workload(path: str | Path) -> Workload:
-    """Read a native-form JSONL workload. Raises BadInput naming the file and line on any problem."""
+MAX_LINE_BYTES = 8 * 1024 * 1024
+
+
+def _records(p: Path, text: str) -> list[tuple[str, Any]]:
+    """(where, parsed JSON) for each record: JSONL lines, or the items of one JSON array."""
+    if text.lstrip().startswith("["):  # ShareGPT dumps are one JSON array
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{p}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+        return [(f"{p}[{i}]", obj) for i, obj in enumerate(items)]
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):  # CRLF is valid input
+        if not line.strip():
+            continue
+        where = f"{p}:{lineno}"
+        if len(line) > MAX_LINE_BYTES:
+            raise BadInput(f"{where}: line is {len(line)} characters long; expected at most {MAX_LINE_BYTES}")
+        try:
+            out.append((where, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise BadInput(f"{where}: JSON nested too deeply") from None
+    return out
+
+
+def load_workload(path: str | Path, *, format: str = "auto", output_len: int | None = None) -> Workload:
+    """Read a workload file in any supported format (see autotune.formats) into native requests.
+
+    ``output_len`` is the ``max_tokens`` of requests that do not set one (``vllm bench serve``
+    custom files carry prompts only). Raises BadInput naming the file and line on any problem.
+    """
+    from autotune.formats import FORMATS, detect, to_native
+
     p = Path(path)
+    if format not in FORMATS:
+        raise BadInput(f"--format: expected one of {', '.join(FORMATS)}, got {format!r}")
     if not p.exists():
         raise BadInput(f"{p}: no such file (expected a JSONL workload)")
     if p.is_dir():
@@ -156,18 +191,18 @@ def load_workload(path: str | Path) -> Workload:
         text = p.read_text(encoding="utf-8-sig")  # a BOM is valid input
     except UnicodeDecodeError as e:
         raise BadInput(f"{p}: not UTF-8 text (byte {e.start}); expected a JSONL workload") from None
-    requests: list[Request] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):  # CRLF is valid input
-        if not line.strip():
-            continue
-        where = f"{p}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-        requests.append(parse_request(obj, where, len(requests)))
-    if not requests:
+    records = _records(p, text)
+    if not records:
         raise BadInput(f"{p}: no requests (expected one JSON object per line)")
+    fmt = detect(records[0][1]) if format == "auto" else format
+    requests: list[Request] = []
+    for where, obj in records:
+        native = to_native(obj, fmt, where)
+        if output_len is not None and isinstance(native, dict) and "max_tokens" not in native:
+            native = {**native, "max_tokens": output_len}
+        if isinstance(native, dict) and native.get("id") is None:
+            native = {k: v for k, v in native.items() if k != "id"}
+        requests.append(parse_request(native, where, len(requests)))
     ids = [r.id for r in requests]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

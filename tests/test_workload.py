@@ -41,7 +41,13 @@ def test_bom_and_crlf_are_valid(tmp_path):
     ('{"prompt": "a", "max_tokens": "10"}\n', ":1: 'max_tokens' must be an integer"),
     ('{"prompt": "a", "temperature": true}\n', ":1: 'temperature' must be a number"),
     ('{"prompt": "a", "colour": 1}\n', ":1: unknown field 'colour'"),
-    ('[1, 2]\n', ":1: expected a JSON object, got list"),
+    ('{"prompt": "a"}\n[1, 2]\n', ":2: expected a JSON object, got list"),
+    ('[1, 2]\n', "[0]: expected a JSON object, got int"),
+    ('{"custom_id": "a", "body": 5}\n', ":1: 'body' must be an object"),
+    ('{"conversations": [{"from": "gpt", "value": "hi"}]}\n', ":1: 'conversations' has no human turn"),
+    ('{"conversations": [{"from": "alien", "value": "hi"}]}\n', ":1: 'conversations[0]' must have 'from'"),
+    ('{"prompt": "' + "x" * (8 * 1024 * 1024 + 1) + '"}\n', ":1: line is 8388623 characters long; expected at most 8388608"),
+    ('{"prompt": ' + "[" * 100000 + "]" * 100000 + '}\n', ":1: "),
     ('{"prompt": "a", "expect": {"xml": true}}\n', ":1: 'expect' must be an object"),
     ('{"messages": [{"role": "user"}]}\n', ":1: 'messages[0]' must be an object"),
     ('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n', "request id 'x' appears more than once"),
@@ -65,3 +71,23 @@ def test_examples_load():
     for name in ("json_edit", "support_chat", "smoke"):
         wl = load_workload(f"examples/{name}.jsonl")
         assert len(wl.requests) >= (20 if name != "smoke" else 6)
+
+
+def test_every_format_gives_the_same_requests():
+    native = load_workload("tests/data/formats/native.jsonl")
+    batch = load_workload("tests/data/formats/openai_batch.jsonl")
+    share = load_workload("tests/data/formats/sharegpt.json", output_len=None)
+    assert batch.requests == native.requests
+    # ShareGPT carries no sampling settings: the same conversations, with the defaults.
+    assert [(r.id, r.messages) for r in share.requests] == [(r.id, r.messages) for r in native.requests]
+    assert load_workload("tests/data/formats/sharegpt.json", format="sharegpt").requests == share.requests
+
+
+def test_vllm_bench_custom_takes_output_len():
+    wl = load_workload("tests/data/formats/bench_custom.jsonl", format="vllm-bench", output_len=64)
+    assert [r.max_tokens for r in wl.requests] == [64, 64] and wl.requests[0].prompt.startswith("### Edit")
+
+
+def test_unknown_format_flag(tmp_path):
+    with pytest.raises(BadInput, match="--format: expected one of auto, native"):
+        load_workload("examples/smoke.jsonl", format="csv")
