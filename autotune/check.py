@@ -52,7 +52,7 @@ def _context(report: dict[str, Any]) -> dict[str, Any]:
     best = report.get("best") or {}
     return {"vllm_version": report.get("vllm_version"), "platform": (report.get("platform") or {}).get("platform"),
             "model": (best.get("engine_kwargs") or {}).get("model"), "workload": report.get("workload"),
-            "concurrency": report.get("concurrency")}
+            "load": report.get("load")}
 
 
 def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> CheckResult:

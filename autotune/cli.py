@@ -56,9 +56,10 @@ class _RichProgress:
 
     def trial_event(self, number: int, event: dict[str, Any]) -> None:
         phase = event.get("phase")
-        text = {"engine": "starting engine", "warmup": "warming up", "measure": "measuring"}.get(phase)
+        text = {"engine": "starting engine", "warmup": "warming up", "measure": "measuring",
+                "samples": "sampling for the distribution test"}.get(phase)
         if phase == "progress":
-            text = f"measuring {event['done']}/{event['total']}"
+            text = f"measuring window {event.get('window', 1)}/{event.get('windows', 1)}: {event['done']}/{event['total']}"
         if text:
             self.p.update(self.task, description=f"{self.label} [dim]{text}")
 
@@ -73,7 +74,7 @@ def _float_or_nan(x: Any, fmt: str) -> str:
 
 def pareto_table(report: dict[str, Any]) -> Table:
     """The Pareto front with each config's speedup over the baseline."""
-    t = Table(title=f"Pareto front: {', '.join(report['objectives'])} (concurrency {report['concurrency']})")
+    t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})")
     for col in ("trial", "config", "tok/s", "speedup", "e2e p50 ms", "tpot p50 ms", "accept", "verdict"):
         t.add_column(col, justify="right" if col not in ("config", "verdict") else "left")
     rows = ([report["baseline"]] if report.get("baseline") else []) + \
@@ -82,7 +83,8 @@ def pareto_table(report: dict[str, Any]) -> Table:
     for e in rows:
         m, s = e["measurement"], e["speedup"] or {}
         name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + (" *best*" if e["trial"] == best else "")
-        t.add_row(str(e["trial"]), name, _float_or_nan(m["output_tok_s"], ".1f"),
+        tps = _float_or_nan(m["output_tok_s"], ".1f") + (f" ±{m['output_tok_s_mad']:.1f}" if "output_tok_s_mad" in m else "")
+        t.add_row(str(e["trial"]), name + (" [yellow](noisy)[/yellow]" if m.get("noisy") else ""), tps,
                   _float_or_nan(s.get("output_tok_s"), ".2f") + "x", _float_or_nan(m["e2e_ms_p50"], ".0f"),
                   _float_or_nan(m["tpot_ms_p50"], ".1f"), _float_or_nan(m.get("acceptance_rate"), ".2f"),
                   "ok" if e["verdict"]["passed"] else e["verdict"]["reason"])
@@ -112,7 +114,13 @@ def search(
     results: Annotated[Path, typer.Option(help="Results root; files go to RESULTS/STUDY/.",
                                           envvar="AUTOTUNE_RESULTS")] = Path("results"),
     objectives: Annotated[str, typer.Option(help="Comma-separated objectives, primary first.")] = "output_tok_s,e2e_ms_p50",
-    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (closed loop).")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (closed loop); "
+                                                       "shorthand for --load concurrency=N.")] = 1,
+    load: Annotated[Optional[str], typer.Option(help="Load pattern: concurrency=N, batch, poisson=RATE (req/s), "
+                                                     "or replay (the workload's arrival_s).")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Measured windows per trial (median and MAD reported).")] = 2,
+    slo: Annotated[Optional[str], typer.Option(help="SLOs as constraints, e.g. 'ttft_ms_p95<=500,tpot_ms_p50<=40'; "
+                                                    "a config that misses one is never on the Pareto front.")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured warm-up requests per engine.")] = 2,
     trial_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a trial is ended and failed.")] = 600,
     max_model_len: Annotated[Optional[int], typer.Option(help="Passed to vLLM.")] = None,
@@ -148,13 +156,19 @@ def search(
 def _search(**o: Any) -> None:
     from autotune import demo, hardware
     from autotune.candidate import Settings
+    from autotune.load import parse_load
     from autotune.results import write_results
+    from autotune.slo import parse_slos
     from autotune.space import load_space
     from autotune.study import StudyConfig, run_study, validate_objectives
     from autotune.validate import Tolerances
     from autotune.workload import load_workload
 
     wl = load_workload(o["workload"], format=o["format"], output_len=o["output_len"])
+    load = parse_load(o["load"] or f"concurrency={o['concurrency']}", seed=o["seed"])
+    if load.kind == "replay" and any(r.arrival_s is None for r in wl.requests):
+        missing = next(r.id for r in wl.requests if r.arrival_s is None)
+        raise BadInput(f"--load replay: request {missing!r} of {wl.path} has no 'arrival_s' to replay")
     objectives = tuple(x.strip() for x in o["objectives"].split(",") if x.strip())
     validate_objectives(objectives)
     platform = hardware.detect()
@@ -174,7 +188,7 @@ def _search(**o: Any) -> None:
     name = o["study"] or Path(o["workload"]).stem
     out = o["results"] / name
     cfg = StudyConfig(name=name, results_dir=out, settings=settings, objectives=objectives, n_trials=o["trials"],
-                      storage=o["storage"], concurrency=o["concurrency"], warmup=o["warmup"],
+                      storage=o["storage"], load=load, repeats=o["repeats"], warmup=o["warmup"], slos=parse_slos(o["slo"]),
                       trial_timeout_s=o["trial_timeout"], seed=o["seed"], samples=o["samples"],
                       tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"]))
     console.print(f"autotune {__version__}: {len(wl.requests)} requests from {wl.path}, space '{sp.name}' "

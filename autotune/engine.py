@@ -100,14 +100,24 @@ async def _one(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, A
     return rec
 
 
-async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], concurrency: int,
+async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],
                   on_done: Callable[[int], None], fault: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Closed loop: at most ``concurrency`` requests in flight, the next one sent when one finishes."""
-    sem = asyncio.Semaphore(concurrency)
+    """Send the requests as the load pattern says (autotune.load) and collect their records.
+
+    Closed loop: at most ``concurrency`` in flight, the next sent when one finishes. Open loop
+    (batch, poisson, replay): each request is sent at its offset, however many are in flight.
+    """
+    from autotune.load import send_offsets
+
+    offsets = send_offsets(load, len(reqs), [r.get("arrival_s") for r in reqs])
+    sem = asyncio.Semaphore(load.get("concurrency", 1) if offsets is None else max(1, len(reqs)))
+    t0 = time.perf_counter()
     done = 0
 
     async def run(i: int) -> dict[str, Any]:
         nonlocal done
+        if offsets is not None:
+            await asyncio.sleep(max(0.0, t0 + offsets[i] - time.perf_counter()))
         async with sem:
             rec = await _one(engine, reqs[i], prompts[i], fault)
         done += 1
@@ -136,12 +146,29 @@ async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
             jobs.append(({"id": f"{r['id']}#s{i}", "sampling": sampling}, p))
             owners.append(r["id"])
     phase("samples", {"total": len(jobs)})
-    recs = await _replay(engine, [j for j, _ in jobs], [p for _, p in jobs], max(8, replay["concurrency"]),
-                         lambda d: None, fault)
+    recs = await _replay(engine, [j for j, _ in jobs], [p for _, p in jobs],
+                         {"kind": "concurrency", "concurrency": 8}, lambda d: None, fault)
     out: dict[str, list[list[int]]] = {r["id"]: [] for r, _ in picked}
     for owner, rec in zip(owners, recs):
         out[owner].append(rec["token_ids"])
     return out
+
+
+async def _window(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],
+                  fault: dict[str, Any] | None, on_done: Callable[[int], None]) -> dict[str, Any]:
+    """One measured window: a cold prefix cache, the whole workload, counters diffed around it."""
+    await engine.reset_prefix_cache()  # every window (and every candidate) starts equally cold
+    before = spec_counters()
+    t0 = time.perf_counter()
+    records = await _replay(engine, reqs, prompts, load, on_done, fault)
+    t1 = time.perf_counter()
+    counters = diff_counters(before, spec_counters())
+    for r in records:  # times relative to the window start, easier to read and to check
+        r["start"] -= t0
+        r["end"] -= t0
+        for c in r["chunks"]:
+            c[0] -= t0
+    return {"window_s": t1 - t0, "requests": records, "spec_counters": counters}
 
 
 async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
@@ -149,6 +176,7 @@ async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     reqs, replay, fault = job["requests"], job["replay"], job.get("inject_fault")
+    load = replay["load"]
     phase("engine", {})
     t0 = time.perf_counter()
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**job["engine_kwargs"], disable_log_stats=False))
@@ -159,25 +187,20 @@ async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
         phase("warmup", {"total": n_warm})
         t1 = time.perf_counter()
         # Unmeasured: first use JIT-compiles kernels (the ngram proposer among them).
-        await _replay(engine, reqs[:n_warm], prompts[:n_warm], replay["concurrency"], lambda n: None)
+        await _replay(engine, reqs[:n_warm], prompts[:n_warm],
+                      {"kind": "concurrency", "concurrency": load.get("concurrency", 1)}, lambda n: None, fault)
         warm_s = time.perf_counter() - t1
-        phase("measure", {"total": len(reqs)})
-        before = spec_counters()
-        t2 = time.perf_counter()
-        records = await _replay(engine, reqs, prompts, replay["concurrency"],
-                                lambda n: phase("progress", {"done": n, "total": len(reqs)}), fault)
-        t3 = time.perf_counter()
-        counters = diff_counters(before, spec_counters())
+        windows = []
+        repeats = replay.get("repeats", 1)
+        for w in range(repeats):
+            phase("measure", {"total": len(reqs), "window": w + 1, "windows": repeats})
+            windows.append(await _window(engine, reqs, prompts, load, fault, lambda n, w=w: phase(
+                "progress", {"done": n, "total": len(reqs), "window": w + 1, "windows": repeats})))
         samples = await _samples(engine, reqs, prompts, replay, fault, phase)
     finally:
         engine.shutdown()
-    for r in records:  # times relative to the window start, easier to read and to check
-        r["start"] -= t2
-        r["end"] -= t2
-        for c in r["chunks"]:
-            c[0] -= t2
-    return {"engine_init_s": init_s, "warmup_s": warm_s, "window_s": t3 - t2, "requests": records,
-            "samples": samples, "spec_counters": counters, "vllm_version": vllm_version(), "concurrency": replay["concurrency"]}
+    return {"engine_init_s": init_s, "warmup_s": warm_s, "windows": windows, "samples": samples,
+            "vllm_version": vllm_version(), "load": load}
 
 
 def run_job(job: dict[str, Any], phase: Phase) -> dict[str, Any]:

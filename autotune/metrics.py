@@ -36,7 +36,7 @@ def complete(rec: dict[str, Any]) -> bool:
 
 
 def measure(raw: dict[str, Any]) -> dict[str, Any]:
-    """Compile a RawRun dict into flat metrics (what trials.csv and Optuna see)."""
+    """Compile one measured window (requests, window_s, spec_counters) into flat metrics."""
     recs = raw["requests"]
     done = [r for r in recs if complete(r)]
     ttft, tpot, itl, e2e = [], [], [], []
@@ -56,7 +56,6 @@ def measure(raw: dict[str, Any]) -> dict[str, Any]:
         "output_tokens": out_tokens, "window_s": window,
         "output_tok_s": out_tokens / window if window > 0 else 0.0,
         "req_s": len(done) / window if window > 0 else 0.0,
-        "engine_init_s": raw.get("engine_init_s"), "warmup_s": raw.get("warmup_s"),
     }
     for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2e_ms", e2e)):
         m.update(_summary(name, values))
@@ -76,3 +75,47 @@ def acceptance(c: dict[str, Any]) -> dict[str, Any]:
         "mean_accepted_length": 1 + accepted / drafts if drafts else float("nan"),
         "acceptance_by_pos": [a / drafts for a in per_pos] if drafts else [],
     }
+
+
+# Metrics whose spread across windows is reported (median absolute deviation).
+SPREAD = ("output_tok_s", "req_s", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50",
+          "e2e_ms_p95")
+NOISY_SHARE = 0.03  # a throughput MAD above 3% of the median makes a ranking untrustworthy
+
+
+def _sum_counters(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for w in windows:
+        for k, v in (w.get("spec_counters") or {}).items():
+            if isinstance(v, list):
+                prev = total.get(k, [])
+                total[k] = [a + b for a, b in zip(prev + [0] * (len(v) - len(prev)), v)]
+            else:
+                total[k] = total.get(k, 0) + v
+    return total
+
+
+def measure_run(raw: dict[str, Any]) -> dict[str, Any]:
+    """All windows of a run: the median of each metric, its MAD, and acceptance over all windows.
+
+    One number from one window is not trusted: each window replays the whole workload on a cold
+    prefix cache, and the spread says how far a single window can be off.
+    """
+    per = [measure(w) for w in raw["windows"]]
+    m: dict[str, Any] = {}
+    for key, value in per[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            vals = np.asarray([p[key] for p in per], dtype=float)
+            m[key] = float(np.median(vals))
+    for key in SPREAD:
+        vals = np.asarray([p[key] for p in per], dtype=float)
+        m[f"{key}_mad"] = float(np.median(np.abs(vals - np.median(vals))))
+    m["output_tok_s_windows"] = [p["output_tok_s"] for p in per]
+    m["windows"] = len(per)
+    m["incomplete"] = sum(p["incomplete"] for p in per)
+    m["completed"] = sum(p["completed"] for p in per)
+    m["requests"] = sum(p["requests"] for p in per)
+    m["noisy"] = bool(m["output_tok_s"] and m["output_tok_s_mad"] / m["output_tok_s"] > NOISY_SHARE)
+    m["engine_init_s"], m["warmup_s"] = raw.get("engine_init_s"), raw.get("warmup_s")
+    m.update(acceptance(_sum_counters(raw["windows"])))
+    return m

@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study import BASELINE
 
-METRIC_COLUMNS = ("output_tok_s", "req_s", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "itl_ms_p50",
+METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "itl_ms_p50",
                   "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
                   "engine_init_s", "completed", "incomplete")
 
@@ -69,6 +69,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["correct"] = v.get("passed")
         row["token_agreement"] = v.get("token_agreement")
         row["verdict"] = v.get("reason")
+        row["goodput"] = m.get("goodput")
+        row["slo_missed"] = ", ".join(ua.get("slo_missed", [])) or None
+        row["noisy"] = m.get("noisy")
         row["failure"] = ua.get("failure")
         row["wall_s"] = ua.get("wall_s")
         rows.append(row)

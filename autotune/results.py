@@ -57,7 +57,8 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "study": study.study_name, "storage": redact(storage_url),
         "workload": study.user_attrs.get("workload"), "space": study.user_attrs.get("space"),
-        "concurrency": study.user_attrs.get("concurrency"), "objectives": objectives,
+        "load": study.user_attrs.get("load"), "concurrency": study.user_attrs.get("concurrency"),
+        "objectives": objectives,
         "platform": platform,
         "vllm_version": (base.user_attrs.get("vllm_version") if base else None) or platform.get("vllm"),
         "trials": {"finished": int(len(frame)),
@@ -80,7 +81,7 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
 def markdown(report: dict[str, Any], frame: Any) -> str:
     """A short human report of the study."""
     lines = [f"# autotune study `{report['study']}`", "",
-             f"Workload `{report['workload']}`, space `{report['space']}`, concurrency {report['concurrency']}, "
+             f"Workload `{report['workload']}`, space `{report['space']}`, load {report.get('load')}, "
              f"vLLM {report['vllm_version']} on {report['platform']['platform']}.", ""]
     best = report.get("best")
     if best:

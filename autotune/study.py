@@ -19,7 +19,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.candidate import Candidate, Settings
 from autotune.errors import BadInput, StudyFailed
-from autotune.metrics import DIRECTIONS, measure
+from autotune.load import LoadPattern
+from autotune.metrics import DIRECTIONS, measure_run
+from autotune.slo import SLO, goodput
 from autotune.space import SearchSpace
 from autotune.validate import Tolerances, verdict
 from autotune.worker import TrialOutcome, run_trial
@@ -38,11 +40,13 @@ class StudyConfig:
     objectives: tuple[str, ...] = ("output_tok_s", "e2e_ms_p50")
     n_trials: int = 10
     storage: str | None = None
-    concurrency: int = 1
+    load: LoadPattern = field(default_factory=LoadPattern)
+    repeats: int = 2  # measured windows per trial; objectives are their medians
     warmup: int = 2
     trial_timeout_s: float = 600.0
     tolerances: Tolerances = field(default_factory=Tolerances)
     seed: int = 0
+    slos: tuple[SLO, ...] = ()  # constraints: a config that misses one is infeasible
     samples: int = 64  # draws per sampled request for the distribution test
     sample_tokens: int = 3  # leading tokens that form one outcome of the test
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
@@ -99,7 +103,7 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str
         if r["messages"] is None:
             del r["messages"]
     return {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
-            "replay": {"concurrency": cfg.concurrency, "warmup": cfg.warmup, "samples": cfg.samples,
+            "replay": {"load": cfg.load.to_dict(), "repeats": cfg.repeats, "warmup": cfg.warmup, "samples": cfg.samples,
                        "sample_tokens": cfg.sample_tokens}, "engine_module": cfg.engine_module}
 
 
@@ -152,7 +156,8 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
                        "pass --resume to continue it or choose another --study name")
     study.set_user_attr("workload", workload.path)
     study.set_user_attr("space", space.name)
-    study.set_user_attr("concurrency", cfg.concurrency)
+    study.set_user_attr("load", cfg.load.label)
+    study.set_user_attr("concurrency", cfg.load.concurrency if cfg.load.kind == "concurrency" else None)
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     if _baseline(study) is None and not any(t.user_attrs.get("role") == BASELINE for t in waiting):
         # Not skip_if_exists: an interrupted baseline must run again.
@@ -220,15 +225,17 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         trial.set_user_attr("failure", outcome.failure)
         study.tell(trial, state=TrialState.FAIL)
         return f"failed: {outcome.failure}"
-    m = measure(outcome.raw)
+    m = measure_run(outcome.raw)
+    m["goodput"] = min(goodput(w["requests"], cfg.slos) for w in outcome.raw["windows"])
+    records = outcome.raw["windows"][0]["requests"]  # every window replays the same requests
     outputs = [{"id": r["id"], "token_ids": r["token_ids"], "text": r["text"],
                 "finish_reason": r["finish_reason"], "error": r["error"], "chunks": len(r["chunks"])}
-               for r in outcome.raw["requests"]]
+               for r in records]
     base = _baseline(study)
     if base is None and not is_base:
         raise StudyFailed("no completed baseline trial to judge candidates against")
     job = trial_job(cand, workload, cfg)
-    v = verdict(job["requests"], outcome.raw["requests"], None if is_base else base.user_attrs["outputs"],
+    v = verdict(job["requests"], records, None if is_base else base.user_attrs["outputs"],
                 lossy=cand.lossy, tol=cfg.tolerances, samples=outcome.raw.get("samples"),
                 base_samples=None if is_base else base.user_attrs.get("samples"))
     trial.set_user_attr("measurement", m)
@@ -236,6 +243,10 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
     for key, value in zip(("token_disagreement_over_budget", "expectation_regressions", "incomplete",
                            "distribution_shift"), v.constraints):
         trial.set_constraint(key, value)
+    missed = [slo.text for slo in cfg.slos if slo.violation(m[slo.metric]) > 0]
+    for slo in cfg.slos:
+        trial.set_constraint(f"slo:{slo.text}", slo.violation(m[slo.metric]))
+    trial.set_user_attr("slo_missed", missed)
     trial.set_user_attr("vllm_version", outcome.raw.get("vllm_version"))
     if is_base:  # the reference every candidate is judged against
         trial.set_user_attr("outputs", outputs)
@@ -251,5 +262,5 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         study.tell(trial, state=TrialState.FAIL)
         return "failed: objective not measurable"
     study.tell(trial, values)
-    return f"{m['output_tok_s']:.1f} tok/s, e2e p50 {m['e2e_ms_p50']:.0f} ms, " + \
-        ("correct" if v.passed else f"INCORRECT: {v.reason}")
+    return f"{m['output_tok_s']:.1f} ± {m['output_tok_s_mad']:.1f} tok/s, e2e p50 {m['e2e_ms_p50']:.0f} ms, " + \
+        ("correct" if v.passed else f"INCORRECT: {v.reason}") + (f"; misses SLO {', '.join(missed)}" if missed else "")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from autotune import demo
 from autotune.candidate import Candidate, Settings
-from autotune.metrics import measure
+from autotune.load import LoadPattern
+from autotune.metrics import measure_run
 from autotune.study import StudyConfig, trial_job
 from autotune.validate import Tolerances, verdict
 from autotune.worker import run_trial
@@ -28,13 +29,14 @@ def main() -> None:
     ap.add_argument("workload", nargs="?", default="examples/json_edit.jsonl")
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2, help="measured windows per candidate")
     ap.add_argument("--dtype", default=None, help="vLLM dtype (default: vLLM's auto)")
     args = ap.parse_args()
     wl = load_workload(args.workload)
     settings = Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), max_model_len=demo.MAX_MODEL_LEN,
                         gpu_memory_utilization=0.3, dtype=args.dtype)
     cfg = StudyConfig(name="bench", results_dir=Path(tempfile.mkdtemp()), settings=settings,
-                      concurrency=args.concurrency)
+                      load=LoadPattern(concurrency=args.concurrency), repeats=args.repeats)
     cands = [Candidate({"method": "none", "enforce_eager": True}),
              Candidate({"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4,
                         "prompt_lookup_min": 2, "enforce_eager": True}),
@@ -48,11 +50,13 @@ def main() -> None:
         if out.raw is None:
             print(f"{c.label:<32} FAILED: {out.failure}")
             continue
-        m = measure(out.raw)
-        v = verdict(job["requests"], out.raw["requests"], base_recs, lossy=False, tol=Tolerances())
+        m = measure_run(out.raw)
+        recs = out.raw["windows"][0]["requests"]
+        v = verdict(job["requests"], recs, base_recs, lossy=False, tol=Tolerances())
         if base_recs is None:
-            base_recs, base_tps = out.raw["requests"], m["output_tok_s"]
-        print(f"{c.label:<32} {m['output_tok_s']:7.1f} tok/s  {m['output_tok_s'] / base_tps:5.2f}x  "
+            base_recs, base_tps = recs, m["output_tok_s"]
+        windows = " ".join(f"{x:.1f}" for x in m["output_tok_s_windows"])
+        print(f"{c.label:<32} {m['output_tok_s']:7.1f} tok/s (windows {windows})  {m['output_tok_s'] / base_tps:5.2f}x  "
               f"e2e p50 {m['e2e_ms_p50']:6.0f} ms  engine init {m['engine_init_s']:5.1f} s  "
               f"acceptance {m['acceptance_rate']:.3f}  mean accepted length {m['mean_accepted_length']:.2f}  "
               f"greedy identical {v.greedy_identical}/{v.greedy_requests}  (trial wall {time.monotonic() - t0:.0f} s)")

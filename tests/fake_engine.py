@@ -47,5 +47,8 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     counters = {"vllm:spec_decode_num_drafts": drafts, "vllm:spec_decode_num_draft_tokens": drafts * (burst - 1),
                 "vllm:spec_decode_num_accepted_tokens": drafts * (burst - 1),
                 "vllm:spec_decode_num_accepted_tokens_per_pos": [drafts] * (burst - 1)}
-    return {"engine_init_s": 0.0, "warmup_s": 0.0, "window_s": t, "requests": recs, "spec_counters": counters,
-            "vllm_version": "fake", "concurrency": job["replay"]["concurrency"]}
+    window = {"window_s": t, "requests": recs, "spec_counters": counters}
+    samples = {r["id"]: [[1, 2, 3]] * job["replay"].get("samples", 0)
+               for r in job["requests"] if r["sampling"].get("temperature", 0) > 0}
+    return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": [window] * job["replay"].get("repeats", 1),
+            "samples": samples, "vllm_version": "fake", "load": job["replay"]["load"]}

@@ -35,7 +35,7 @@ def judged(tmp_path_factory):
     """name -> (candidate, raw run, verdict) for every run above, judged against the baseline."""
     root = tmp_path_factory.mktemp("correctness")
     wl = load_workload("tests/data/correctness.jsonl")
-    cfg = StudyConfig(name="correctness", results_dir=root, samples=96,
+    cfg = StudyConfig(name="correctness", results_dir=root, samples=96, repeats=1,
                       settings=Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), dtype=demo.DTYPE,
                                         max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
     out, base = {}, None
@@ -48,7 +48,8 @@ def judged(tmp_path_factory):
         assert res.raw is not None, f"{name}: {res.failure}"
         if base is None:
             base = res.raw
-        v = verdict(job["requests"], res.raw["requests"], None if name == "baseline" else base["requests"],
+        recs = res.raw["windows"][0]["requests"]
+        v = verdict(job["requests"], recs, None if name == "baseline" else base["windows"][0]["requests"],
                     lossy=cand.lossy, tol=Tolerances(max_drift=0.0), samples=res.raw["samples"],
                     base_samples=None if name == "baseline" else base["samples"])
         out[name] = (cand, res.raw, v)
@@ -83,7 +84,8 @@ def test_fp8_kv_drift_beyond_the_budget_is_flagged_and_within_a_wide_one_passes(
     cand, raw, v = judged["fp8_kv"]
     assert cand.lossy and not v.passed and "drift" in v.reason, v.reason
     base = judged["baseline"][1]
+    recs, base_recs = raw["windows"][0]["requests"], base["windows"][0]["requests"]
     wide = verdict([{"id": r["id"], "sampling": {"temperature": 0.0, "max_tokens": 40}, "expect": {}}
-                    for r in raw["requests"] if r["id"].startswith("greedy")],
-                   raw["requests"], base["requests"], lossy=True, tol=Tolerances(max_drift=1.0))
+                    for r in recs if r["id"].startswith("greedy")],
+                   recs, base_recs, lossy=True, tol=Tolerances(max_drift=1.0))
     assert wide.passed

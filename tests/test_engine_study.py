@@ -141,7 +141,7 @@ def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
     kw = Candidate({"method": "none", "enforce_eager": True}).engine_kwargs(
         Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
     job = {"engine_kwargs": kw, "requests": [{"id": "a", "prompt": "hi", "sampling": {"max_tokens": 4}}],
-           "replay": {"concurrency": 1, "warmup": 0}}
+           "replay": {"load": {"kind": "concurrency", "concurrency": 1}, "warmup": 0}}
     out = run_trial(job, tmp_path, timeout_s=6)
     assert out.raw is None and out.failure.startswith("timeout: no result after 6s")
     with pytest.raises(ProcessLookupError):

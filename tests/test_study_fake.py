@@ -86,7 +86,8 @@ def test_duplicates_are_not_measured_twice_and_resume_continues(tmp_path, fake_e
 
 
 def test_worker_timeout_ends_the_whole_process_group(tmp_path, fake_engine_env):
-    job = {"engine_kwargs": {"model": "m", "quantization": "hang"}, "requests": [], "replay": {"concurrency": 1},
+    job = {"engine_kwargs": {"model": "m", "quantization": "hang"}, "requests": [],
+           "replay": {"load": {"kind": "concurrency", "concurrency": 1}},
            "engine_module": "fake_engine"}
     out = run_trial(job, tmp_path / "t", timeout_s=2)
     assert out.raw is None and out.failure.startswith("timeout") and 2 <= out.wall_s < 20
@@ -132,3 +133,21 @@ def test_baseline_left_running_by_a_hard_kill_runs_again_on_resume(tmp_path, fak
     t = study.trials
     assert t[0].state == TrialState.FAIL and t[0].user_attrs["failure"].startswith("interrupted")
     assert t[1].state == TrialState.COMPLETE and t[1].user_attrs["role"] == BASELINE
+
+
+def test_a_config_that_misses_an_slo_is_never_on_the_front(tmp_path, fake_engine_env):
+    from autotune.slo import parse_slos
+
+    # Fake timings: baseline e2e ~480 ms per request, ngram k=3 ~120 ms.
+    c = cfg(tmp_path, n_trials=2, slos=parse_slos("e2e_ms_p50<=300"))
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space,
+                      enqueue=[{"method": "ngram", "num_speculative_tokens": 3, "kv_cache_dtype": "auto",
+                                "quantization": "none"}])
+    assert study.trials[0].user_attrs["slo_missed"] == ["e2e_ms_p50<=300"]
+    assert study.trials[1].user_attrs["slo_missed"] == []
+    report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu"},
+                           objectives=list(c.objectives), storage_url=c.storage_url)
+    assert [e["trial"] for e in report["pareto"]] == [1] and report["best"]["trial"] == 1
+    frame = pd.read_csv(c.results_dir / "trials.csv")
+    assert frame.loc[0, "slo_missed"] == "e2e_ms_p50<=300" and frame.loc[0, "goodput"] == 0.0
