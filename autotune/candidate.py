@@ -15,12 +15,14 @@ METHODS = ("none", *SPEC_METHODS)
 SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
              "suffix_decoding_min_token_prob")
-ENGINE_KEYS = ("kv_cache_dtype", "quantization", "enforce_eager", "max_num_seqs",
+ENGINE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "enforce_eager", "max_num_seqs",
                "max_num_batched_tokens")
 COMPILATION_KEYS = ("cudagraph_mode",)
 KEYS = ("method", *SPEC_KEYS, *ENGINE_KEYS, *COMPILATION_KEYS)
 # Knobs that change the numbers on purpose: such candidates are judged by a drift budget.
-LOSSY = {"kv_cache_dtype": ("auto",), "quantization": ("none", None)}
+LOSSY = {"kv_cache_dtype": ("auto",), "quantization": ("none", None), "dtype": ("default",)}
+# Values that mean "leave this to the study's settings / vLLM's default".
+UNSET = {"quantization": "none", "dtype": "default"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class Candidate:
             parts.append(f"k={p['num_speculative_tokens']}")
         if "prompt_lookup_max" in p:
             parts.append(f"lookup={p.get('prompt_lookup_min', 1)}..{p['prompt_lookup_max']}")
+        if p.get("dtype", "default") != "default":
+            parts.append(p["dtype"])
         if p.get("kv_cache_dtype", "auto") != "auto":
             parts.append(f"kv={p['kv_cache_dtype']}")
         if p.get("quantization", "none") not in ("none", None):
@@ -124,11 +128,8 @@ class Candidate:
             kw["trust_remote_code"] = True
         kw.update(settings.extra)
         for key in ENGINE_KEYS:
-            if key in self.params:
-                value = self.params[key]
-                kw[key] = None if (key == "quantization" and value == "none") else value
-        if kw.get("quantization") is None:
-            kw.pop("quantization", None)
+            if key in self.params and self.params[key] != UNSET.get(key):
+                kw[key] = self.params[key]
         compilation = {k: self.params[k] for k in COMPILATION_KEYS if k in self.params}
         if compilation:
             kw["compilation_config"] = compilation

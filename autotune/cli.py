@@ -184,7 +184,7 @@ def _search(**o: Any) -> None:
                         dtype=dtype, max_model_len=max_len, gpu_memory_utilization=gmu, seed=o["seed"],
                         trust_remote_code=o["trust_remote_code"])
     sp = load_space(o["space"] or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
-                    models=settings.available_models())
+                    models=settings.available_models(), tags=hardware.platform_tags(platform))
     name = o["study"] or Path(o["workload"]).stem
     out = o["results"] / name
     cfg = StudyConfig(name=name, results_dir=out, settings=settings, objectives=objectives, n_trials=o["trials"],

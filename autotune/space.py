@@ -8,10 +8,11 @@ A space file looks like::
       method:
         choices: [none, ngram, {value: draft_model, needs: draft_model}]
       num_speculative_tokens: {int: [1, 5], when: {method: [ngram, draft_model]}}
-      kv_cache_dtype: {choices: [auto, {value: fp8, platforms: [cpu, cuda]}]}
+      kv_cache_dtype: {choices: [auto, {value: fp8, platforms: [cpu-avx512, cpu-amx, cuda]}]}
 
 ``when`` makes a parameter exist only for some values of another (the ngram window only for
-ngram); ``platforms`` and ``needs`` drop a choice the platform or the user's models cannot run,
+ngram); ``platforms`` (``cpu``, ``cpu-avx512``, ``cpu-amx``, ``cuda``) and ``needs`` drop a
+choice the platform, the processor or the user's models cannot run,
 and the dropped choices are reported, never silently merged with another config.
 """
 
@@ -90,7 +91,7 @@ def _fail(src: str, key: str, expected: str, got: Any) -> BadInput:
     return BadInput(f"{src}: key '{key}': expected {expected}, got {got!r}")
 
 
-def _parse_choices(src: str, name: str, raw: Any, platform: str, models: set[str],
+def _parse_choices(src: str, name: str, raw: Any, platform: str, tags: set[str], models: set[str],
                    dropped: list[str]) -> tuple[Any, ...]:
     if not isinstance(raw, list) or not raw:
         raise _fail(src, f"params.{name}.choices", "a non-empty list", raw)
@@ -100,8 +101,8 @@ def _parse_choices(src: str, name: str, raw: Any, platform: str, models: set[str
             if set(item) - _CHOICE_KEYS or "value" not in item:
                 raise _fail(src, f"params.{name}.choices", f"plain values or objects with keys {sorted(_CHOICE_KEYS)}", item)
             value, platforms, needs = item["value"], item.get("platforms"), item.get("needs")
-            if platforms is not None and platform not in platforms:
-                dropped.append(f"{name}={value} (not supported on {platform})")
+            if platforms is not None and not tags & set(platforms):
+                dropped.append(f"{name}={value} (needs {' or '.join(platforms)}; this is {platform})")
                 continue
             if needs is not None and needs not in models:
                 hint = "a model with MTP layers" if needs == "mtp_layers" else f"--{needs.replace('_', '-')}"
@@ -132,8 +133,14 @@ def _contains(p: Param, value: Any) -> bool:
     return isinstance(value, (int, float)) and lo <= value <= hi
 
 
-def parse_space(data: Any, *, src: str, platform: str, models: set[str]) -> SearchSpace:
-    """Validate a loaded YAML document and resolve it for ``platform`` and the available ``models``."""
+def parse_space(data: Any, *, src: str, platform: str, models: set[str],
+                tags: set[str] | None = None) -> SearchSpace:
+    """Validate a loaded YAML document and resolve it for ``platform`` and the available ``models``.
+
+    ``tags``: what ``platforms:`` entries may match (``cpu``, ``cpu-avx512``, ``cuda``, ...);
+    default: the platform name alone.
+    """
+    tags = tags or {platform}
     if not isinstance(data, dict):
         raise BadInput(f"{src}: expected a mapping with keys {sorted(_TOP_KEYS)}, got {type(data).__name__}")
     if set(data) - _TOP_KEYS:
@@ -159,7 +166,7 @@ def parse_space(data: Any, *, src: str, platform: str, models: set[str]) -> Sear
                 raise _fail(src, f"params.{name}.when", "parameters declared above this one", parent)
         when = {k: tuple(v) for k, v in when_raw.items()}
         if kinds[0] == "choices":
-            choices = _parse_choices(src, name, spec["choices"], platform, models, dropped)
+            choices = _parse_choices(src, name, spec["choices"], platform, tags, models, dropped)
             if not choices:  # the platform has none of this knob: leave it out
                 dropped.append(f"{name} (no choice runs on {platform})")
                 continue
@@ -193,7 +200,7 @@ def bundled_spaces() -> dict[str, Path]:
     return {f.stem: f for f in sorted(SPACES_DIR.glob("*.yaml"))}
 
 
-def load_space(name_or_path: str, *, platform: str, models: set[str]) -> SearchSpace:
+def load_space(name_or_path: str, *, platform: str, models: set[str], tags: set[str] | None = None) -> SearchSpace:
     """Load a bundled space by name (``cpu``, ``gpu``, ...) or a YAML file by path."""
     spaces = bundled_spaces()
     path = spaces.get(name_or_path) or Path(name_or_path)
@@ -207,4 +214,4 @@ def load_space(name_or_path: str, *, platform: str, models: set[str]) -> SearchS
         raise BadInput(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     except UnicodeDecodeError:
         raise BadInput(f"{path}: not UTF-8 text; expected a YAML search space") from None
-    return parse_space(data, src=str(path), platform=platform, models=models)
+    return parse_space(data, src=str(path), platform=platform, models=models, tags=tags)

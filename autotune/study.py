@@ -96,12 +96,11 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
 def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str, Any]:
     """The plain-data job a worker runs: engine kwargs, requests, replay settings."""
     reqs = [{"id": r.id, "prompt": r.prompt, "messages": list(r.messages) if r.messages else None,
-             "sampling": r.sampling(), "expect": r.expect} for r in workload.requests]
+             "sampling": r.sampling(), "expect": r.expect, "arrival_s": r.arrival_s} for r in workload.requests]
     for r in reqs:
-        if r["prompt"] is None:
-            del r["prompt"]
-        if r["messages"] is None:
-            del r["messages"]
+        for key in ("prompt", "messages", "arrival_s"):
+            if r[key] is None:
+                del r[key]
     return {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
             "replay": {"load": cfg.load.to_dict(), "repeats": cfg.repeats, "warmup": cfg.warmup, "samples": cfg.samples,
                        "sample_tokens": cfg.sample_tokens}, "engine_module": cfg.engine_module}

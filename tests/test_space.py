@@ -1,7 +1,7 @@
 import optuna
 import pytest
 
-from autotune.candidate import Settings
+from autotune.candidate import Candidate, Settings
 from autotune.errors import BadInput
 from autotune.space import load_space, parse_space
 
@@ -11,8 +11,8 @@ def test_cpu_space_resolves_for_cpu_with_a_draft():
     names = [p.name for p in s.params]
     assert names[:4] == ["method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"]
     assert dict((p.name, p.choices) for p in s.params)["method"] == ("none", "ngram", "draft_model")
-    assert "quantization=fp8 (not supported on cpu)" in s.dropped
-    assert s.baseline_trial_params() == {"method": "none", "kv_cache_dtype": "auto", "quantization": "none",
+    assert "quantization=fp8 (needs cuda; this is cpu)" in s.dropped
+    assert s.baseline_trial_params() == {"method": "none", "kv_cache_dtype": "auto", "dtype": "default",
                                          "enforce_eager": False}
 
 
@@ -25,7 +25,7 @@ def test_methods_needing_a_model_are_dropped_and_reported():
 def test_gpu_space_on_cpu_leaves_out_cuda_only_knobs():
     s = load_space("gpu", platform="cpu", models=set())
     assert "cudagraph_mode" not in [p.name for p in s.params]
-    assert "method=eagle3 (not supported on cpu)" in s.dropped
+    assert "method=eagle3 (needs cuda; this is cpu)" in s.dropped
     s = load_space("gpu", platform="cuda", models={"eagle3_head"})
     assert "eagle3" in next(p for p in s.params if p.name == "method").choices
 
@@ -43,16 +43,21 @@ def test_conditional_params_only_for_their_method():
 
 
 def test_engine_kwargs_from_candidate():
-    s = load_space("cpu", platform="cpu", models={"draft_model"})
+    s = load_space("cpu", platform="cpu", models={"draft_model"}, tags={"cpu", "cpu-avx512"})
     study = optuna.create_study()
     study.enqueue_trial({"method": "draft_model", "num_speculative_tokens": 3, "kv_cache_dtype": "fp8",
-                         "quantization": "int8_per_channel_weight_only", "enforce_eager": True})
+                         "dtype": "bfloat16", "quantization": "int8_per_channel_weight_only", "enforce_eager": True})
     c = s.suggest(study.ask())
     kw = c.engine_kwargs(Settings(model="/m/t", draft_model="/m/d", max_model_len=512, gpu_memory_utilization=0.3))
     assert kw == {"model": "/m/t", "max_model_len": 512, "gpu_memory_utilization": 0.3, "seed": 0,
-                  "kv_cache_dtype": "fp8", "quantization": "int8_per_channel_weight_only", "enforce_eager": True,
+                  "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "int8_per_channel_weight_only",
+                  "enforce_eager": True,
                   "speculative_config": {"method": "draft_model", "model": "/m/d", "num_speculative_tokens": 3}}
-    assert c.lossy and c.label == "draft_model k=3 kv=fp8 q=int8_per_channel_weight_only eager"
+    assert c.lossy and c.label == "draft_model k=3 bfloat16 kv=fp8 q=int8_per_channel_weight_only eager"
+    # "default" dtype and "none" quantization leave the study's settings alone: not lossy.
+    plain = Candidate({"method": "none", "dtype": "default", "kv_cache_dtype": "auto"})
+    assert not plain.lossy
+    assert plain.engine_kwargs(Settings(model="m", dtype="float32"))["dtype"] == "float32"
 
 
 @pytest.mark.parametrize("data, fragment", [
@@ -89,3 +94,11 @@ def test_mtp_only_for_models_that_declare_mtp_layers(tmp_path):
     assert "mtp" in next(p for p in s.params if p.name == "method").choices
     s = load_space("gpu", platform="cuda", models=Settings(model="meta-llama/Llama-3.1-8B").available_models())
     assert "method=mtp (needs a model with MTP layers)" in s.dropped
+
+
+def test_fp8_kv_cache_only_on_cpus_with_avx512_or_amx():
+    plain = load_space("cpu", platform="cpu", models=set(), tags={"cpu"})
+    assert next(p for p in plain.params if p.name == "kv_cache_dtype").choices == ("auto",)
+    assert "kv_cache_dtype=fp8 (needs cpu-avx512 or cpu-amx or cuda; this is cpu)" in plain.dropped
+    wide = load_space("cpu", platform="cpu", models=set(), tags={"cpu", "cpu-avx512"})
+    assert next(p for p in wide.params if p.name == "kv_cache_dtype").choices == ("auto", "fp8")
