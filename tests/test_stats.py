@@ -40,3 +40,15 @@ def test_correct_sampler_matches_the_target_marginals():
     fa = np.bincount([s[0] for s in a], minlength=4) / len(a)
     fb = np.bincount([s[0] for s in b], minlength=4) / len(b)
     assert np.abs(fa - fb).max() < 0.02
+
+
+def test_sampler_test_bonferroni_over_first_token_and_joint():
+    from autotune.stats import sampler_test
+
+    rng = np.random.default_rng(3)
+    base = {"a": [list(s) for s in target(rng, N)]}
+    good = {"a": [list(s) for s in speculative(rng, N)]}
+    bad = {"a": [list(s) for s in speculative(rng, N, broken=True)]}
+    flagged, p, n = sampler_test(base, good)
+    assert not flagged and n == N and 0.01 <= p <= 1
+    assert sampler_test(base, bad)[0]
