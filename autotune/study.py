@@ -10,6 +10,7 @@ with nothing completed lost and a study shared by several workers has one source
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -82,6 +83,10 @@ def validate_objectives(names: tuple[str, ...]) -> list[str]:
 def open_study(cfg: StudyConfig) -> optuna.Study:
     """Create the study, or load it to resume (same name and storage)."""
     directions = validate_objectives(cfg.objectives)
+    # Our own progress display says what happens; Optuna's INFO lines and the warning that
+    # TPE's ``group`` is experimental would only interleave with it.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     # Constraints are set on each trial (Trial.set_constraint); TPE and best_trials honour them.
     sampler = optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True, group=True, n_startup_trials=5)
     study = optuna.create_study(study_name=cfg.name, storage=cfg.storage_url, directions=directions,

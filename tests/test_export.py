@@ -30,6 +30,8 @@ def test_yaml_and_json_carry_the_same_settings():
 
 
 def test_serve_script_on_cpu_uses_the_working_launcher():
-    s = serve_script(KW, platform="cpu")
-    assert "python -m autotune.vllm_cli serve" in s and s.startswith("#!/usr/bin/env bash")
-    assert "python -m" not in serve_script(KW, platform="cuda")
+    s = serve_script(KW, platform="cpu", python="/opt/my env/bin/python")
+    assert s.startswith("#!/usr/bin/env bash")
+    assert "PYTHON=\"${AUTOTUNE_PYTHON:-'/opt/my env/bin/python'}\"" in s
+    assert '"$PYTHON" -m autotune.vllm_cli serve' in s
+    assert "-m autotune.vllm_cli" not in serve_script(KW, platform="cuda")
