@@ -9,16 +9,11 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study import BASELINE
+from autotune.study import baseline_trial
 
-METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "itl_ms_p50",
-                  "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
+METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
+                  "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
                   "engine_init_s", "completed", "incomplete")
-
-
-def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
-    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                 if t.user_attrs.get("role") == BASELINE), None)
 
 
 def feasible(t: FrozenTrial) -> bool:

@@ -163,7 +163,7 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
     study.set_user_attr("load", cfg.load.label)
     study.set_user_attr("concurrency", cfg.load.concurrency if cfg.load.kind == "concurrency" else None)
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    if _baseline(study) is None and not any(t.user_attrs.get("role") == BASELINE for t in waiting):
+    if baseline_trial(study) is None and not any(t.user_attrs.get("role") == BASELINE for t in waiting):
         # Not skip_if_exists: an interrupted baseline must run again.
         study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE})
     for params in enqueue:
@@ -183,13 +183,14 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
             study.tell(trial, state=TrialState.PRUNED)
             continue
         _run_one(study, trial, cand, workload, cfg, progress, is_base)
-        if is_base and _baseline(study) is None:
+        if is_base and baseline_trial(study) is None:
             reason = study.trials[trial.number].user_attrs.get("failure", "unknown")
             raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
     return study
 
 
-def _baseline(study: optuna.Study) -> FrozenTrial | None:
+def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The completed baseline trial, if any."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.user_attrs.get("role") == BASELINE:
             return t
@@ -235,7 +236,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
     outputs = [{"id": r["id"], "token_ids": r["token_ids"], "text": r["text"],
                 "finish_reason": r["finish_reason"], "error": r["error"], "chunks": len(r["chunks"])}
                for r in records]
-    base = _baseline(study)
+    base = baseline_trial(study)
     if base is None and not is_base:
         raise StudyFailed("no completed baseline trial to judge candidates against")
     job = trial_job(cand, workload, cfg)
