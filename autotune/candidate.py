@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ class Settings:
     gpu_memory_utilization: float | None = None
     seed: int = 0
     trust_remote_code: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def available_models(self) -> set[str]:
         """What the space's ``needs:`` can ask for: user-supplied drafts, and the model's own MTP layers."""
@@ -126,7 +125,6 @@ class Candidate:
         kw["seed"] = settings.seed
         if settings.trust_remote_code:
             kw["trust_remote_code"] = True
-        kw.update(settings.extra)
         for key in ENGINE_KEYS:
             if key in self.params and self.params[key] != UNSET.get(key):
                 kw[key] = self.params[key]
