@@ -25,7 +25,7 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     return sorted((t for t in study.best_trials if feasible(t)), key=lambda t: t.number)
 
 
-def pick_best(study: optuna.Study, objectives: list[str]) -> FrozenTrial | None:
+def pick_best(study: optuna.Study) -> FrozenTrial | None:
     """The Pareto trial that is best on the first (primary) objective."""
     front = pareto_trials(study)
     if not front:

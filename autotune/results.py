@@ -42,7 +42,7 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
     frame = trials_frame(study)
     frame.to_csv(results_dir / "trials.csv", index=False)
     (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
-    base, best = baseline_trial(study), pick_best(study, objectives)
+    base, best = baseline_trial(study), pick_best(study)
 
     def entry(t: Any) -> dict[str, Any]:
         cand = Candidate(t.user_attrs["candidate"])

@@ -211,8 +211,9 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
     n = trial.number
     progress.trial_started(n, cand.label)
     workdir = cfg.results_dir / "trials" / f"{n:04d}"
+    job = trial_job(cand, workload, cfg)
     try:
-        outcome = run_trial(trial_job(cand, workload, cfg), workdir, timeout_s=cfg.trial_timeout_s,
+        outcome = run_trial(job, workdir, timeout_s=cfg.trial_timeout_s,
                             on_event=lambda e: progress.trial_event(n, e))
     except KeyboardInterrupt:
         trial.set_user_attr("failure", "interrupted by the user")
@@ -220,12 +221,12 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
         study.tell(trial, state=TrialState.FAIL)
         raise
     trial.set_user_attr("wall_s", round(outcome.wall_s, 2))
-    summary = _record(study, trial, cand, outcome, workload, cfg, is_base)
+    summary = _record(study, trial, cand, outcome, job["requests"], cfg, is_base)
     progress.trial_finished(n, cand.label, summary)
 
 
 def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: TrialOutcome,
-            workload: Workload, cfg: StudyConfig, is_base: bool) -> str:
+            requests: list[dict[str, Any]], cfg: StudyConfig, is_base: bool) -> str:
     if outcome.raw is None:
         trial.set_user_attr("failure", outcome.failure)
         study.tell(trial, state=TrialState.FAIL)
@@ -239,8 +240,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
     base = baseline_trial(study)
     if base is None and not is_base:
         raise StudyFailed("no completed baseline trial to judge candidates against")
-    job = trial_job(cand, workload, cfg)
-    v = verdict(job["requests"], records, None if is_base else base.user_attrs["outputs"],
+    v = verdict(requests, records, None if is_base else base.user_attrs["outputs"],
                 lossy=cand.lossy, tol=cfg.tolerances, samples=outcome.raw.get("samples"),
                 base_samples=None if is_base else base.user_attrs.get("samples"))
     trial.set_user_attr("measurement", m)
