@@ -159,13 +159,14 @@ def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
     assert "warm start: re-measuring" in r.output
     frame = pd.read_csv(tmp_path / "nightly" / "trials.csv")
     assert list(frame["label"])[:2] == ["none eager", old["best"]["label"]]  # baseline, then the deployed pick
-    # Without a regression (CPU timing noise between two runs stays well inside 35%): exit 0.
-    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(study_dir), "--tolerance", "35%"])
+    # Without a regression: exit 0. Two runs on this 2-core machine were seen ~40% apart in absolute
+    # tok/s, so the tolerance is 60%; the planted 3x claim below is 67% worse and still fails.
+    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(study_dir), "--tolerance", "60%"])
     assert r.exit_code == 0, r.output
     # Planted regression: the deployed results claim 3x the throughput that can be reproduced.
     planted = tmp_path / "planted"
     planted.mkdir()
     old["best"]["measurement"]["output_tok_s"] *= 3
     (planted / "best.json").write_text(json.dumps(old))
-    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(planted), "--tolerance", "35%"])
+    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(planted), "--tolerance", "60%"])
     assert r.exit_code == 1 and "REGRESSION" in r.stdout and "output_tok_s is" in r.stdout
