@@ -1,4 +1,4 @@
-"""The command line: search, export, serve, check. Errors become exit codes only here."""
+"""The command line: search, export, serve, check, report. Errors become exit codes only here."""
 
 from __future__ import annotations
 
@@ -72,6 +72,11 @@ def _float_or_nan(x: Any, fmt: str) -> str:
     return "-" if x is None or x != x else format(x, fmt)
 
 
+def _interval(s: dict[str, Any]) -> str:
+    lo, hi = s.get("output_tok_s_lo"), s.get("output_tok_s_hi")
+    return "" if lo is None or hi is None or lo != lo else f" [{lo:.2f}-{hi:.2f}]"
+
+
 def pareto_table(report: dict[str, Any]) -> Table:
     """The Pareto front with each config's speedup over the baseline."""
     t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})")
@@ -85,7 +90,7 @@ def pareto_table(report: dict[str, Any]) -> Table:
         name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + (" *best*" if e["trial"] == best else "")
         tps = _float_or_nan(m["output_tok_s"], ".1f") + (f" ±{m['output_tok_s_mad']:.1f}" if "output_tok_s_mad" in m else "")
         t.add_row(str(e["trial"]), name + (" [yellow](noisy)[/yellow]" if m.get("noisy") else ""), tps,
-                  _float_or_nan(s.get("output_tok_s"), ".2f") + "x", _float_or_nan(m["e2e_ms_p50"], ".0f"),
+                  _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + _interval(s), _float_or_nan(m["e2e_ms_p50"], ".0f"),
                   _float_or_nan(m["tpot_ms_p50"], ".1f"), _float_or_nan(m.get("acceptance_rate"), ".2f"),
                   "ok" if e["verdict"]["passed"] else e["verdict"]["reason"])
     return t
@@ -113,12 +118,16 @@ def search(
                                                    envvar="AUTOTUNE_STORAGE")] = None,
     results: Annotated[Path, typer.Option(help="Results root; files go to RESULTS/STUDY/.",
                                           envvar="AUTOTUNE_RESULTS")] = Path("results"),
-    objectives: Annotated[str, typer.Option(help="Comma-separated objectives, primary first.")] = "output_tok_s,e2e_ms_p50",
+    objectives: Annotated[str, typer.Option(help="Comma-separated objectives, primary first; METRIC@LEVEL scores "
+                                                 "a metric at another load level, measured on the same engine "
+                                                 "(e.g. output_tok_s@1,output_tok_s@16).")] = "output_tok_s,e2e_ms_p50",
     concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (closed loop); "
                                                        "shorthand for --load concurrency=N.")] = 1,
     load: Annotated[Optional[str], typer.Option(help="Load pattern: concurrency=N, batch, poisson=RATE (req/s), "
                                                      "or replay (the workload's arrival_s).")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Measured windows per trial (median and MAD reported).")] = 2,
+    max_repeats: Annotated[int, typer.Option(min=0, help="Re-measure a candidate whose throughput spread (MAD) is "
+                                                        "over 3%, up to this many windows in all (0: never).")] = 4,
     slo: Annotated[Optional[str], typer.Option(help="SLOs as constraints, e.g. 'ttft_ms_p95<=500,tpot_ms_p50<=40'; "
                                                     "a config that misses one is never on the Pareto front.")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured warm-up requests per engine.")] = 2,
@@ -141,6 +150,12 @@ def search(
         "--try", help="A config to measure first, as JSON of space parameters, e.g. "
                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'. Repeatable.")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model repos to run their own code.")] = False,
+    workers: Annotated[int, typer.Option(min=1, envvar="AUTOTUNE_WORKERS",
+                                         help="Trials run in parallel, each on its own share of this host's "
+                                              "devices (GPUs, or CPU cores). More hosts: run search on each with "
+                                              "the same --study and --storage (and --resume to join).")] = 1,
+    json_: Annotated[bool, typer.Option("--json", help="Print the results (best.json) as JSON on stdout; "
+                                                       "progress goes to stderr.")] = False,
 ) -> None:
     """Search for the fastest correct vLLM config for WORKLOAD and write results/<study>/."""
     try:
@@ -154,13 +169,13 @@ def search(
 
 
 def _search(**o: Any) -> None:
-    from autotune import demo, hardware
+    from autotune import demo, devices, hardware
     from autotune.candidate import Settings
     from autotune.load import parse_load
     from autotune.results import write_results
     from autotune.slo import parse_slos
     from autotune.space import load_space
-    from autotune.study import StudyConfig, run_study, validate_objectives
+    from autotune.study import StudyConfig, normalize_objectives, run_study, validate_objectives
     from autotune.validate import Tolerances
     from autotune.workload import load_workload
 
@@ -171,6 +186,7 @@ def _search(**o: Any) -> None:
         raise BadInput(f"--load replay: request {missing!r} of {wl.path} has no 'arrival_s' to replay")
     objectives = tuple(x.strip() for x in o["objectives"].split(",") if x.strip())
     validate_objectives(objectives)
+    objectives, extra_loads = normalize_objectives(objectives, load)
     platform = hardware.detect()
     model, draft, max_len, dtype = o["model"], o["draft_model"], o["max_model_len"], o["dtype"]
     if model is None:
@@ -188,31 +204,43 @@ def _search(**o: Any) -> None:
     name = o["study"] or Path(o["workload"]).stem
     out = o["results"] / name
     cfg = StudyConfig(name=name, results_dir=out, settings=settings, objectives=objectives, n_trials=o["trials"],
-                      storage=o["storage"], load=load, repeats=o["repeats"], warmup=o["warmup"], slos=parse_slos(o["slo"]),
+                      storage=o["storage"], load=load, extra_loads=extra_loads, repeats=o["repeats"],
+                      max_repeats=o["max_repeats"], warmup=o["warmup"], slos=parse_slos(o["slo"]),
                       trial_timeout_s=o["trial_timeout"], seed=o["seed"], samples=o["samples"],
                       tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"]))
-    console.print(f"autotune {__version__}: {len(wl.requests)} requests from {wl.path}, space '{sp.name}' "
-                  f"on {platform}, model {model}", highlight=False)
+    envs = devices.partition(o["workers"], platform)
+    say = err if o["json_"] else console  # --json: stdout carries the JSON only
+    say.print(f"autotune {__version__}: {len(wl.requests)} requests from {wl.path}, space '{sp.name}' "
+                  f"on {platform}, model {model}" + (f", {len(envs)} workers" if len(envs) > 1 else ""),
+                  highlight=False)
     for note in sp.dropped:
-        console.print(f"  [dim]left out: {note}[/dim]", highlight=False)
+        say.print(f"  [dim]left out: {note}[/dim]", highlight=False)
     enqueue = [_parse_try(t, sp) for t in o["try_"] or []]
     if o["warm_start"] is not None:
         enqueue += _warm_start(o["warm_start"], sp, settings, wl.path)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with Progress(*columns, console=say, transient=True) as progress:
         task = progress.add_task("starting", total=cfg.n_trials)
-        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task), resume=o["resume"], enqueue=enqueue)
+        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task), resume=o["resume"], enqueue=enqueue,
+                       worker_envs=envs)
     report = write_results(st, out, settings=settings, platform=hardware.describe(), objectives=list(objectives),
                            storage_url=cfg.storage_url)
-    console.print(pareto_table(report))
+    if o["json_"]:
+        print(json.dumps(report, indent=2))
+        if not report.get("best"):
+            raise typer.Exit(1)
+        return
+    say.print(pareto_table(report))
     if report.get("best"):
         b = report["best"]
-        console.print(f"best: trial {b['trial']} [b]{b['label']}[/b] at "
-                      f"{b['speedup']['output_tok_s']:.2f}x the baseline's output tok/s; verdict {b['verdict']['reason']}",
+        say.print(f"best: trial {b['trial']} [b]{b['label']}[/b] at "
+                      f"{b['speedup']['output_tok_s']:.2f}x{_interval(b['speedup'])} the baseline's output tok/s "
+                      f"(95% bootstrap interval over windows); verdict {b['verdict']['reason']}",
                       highlight=False)
-        console.print(f"serve it: {out / 'serve.sh'}", highlight=False)
-    console.print(f"results: {out}/ (trials.csv, pareto.csv, best.json, serve.sh, report.md)", highlight=False)
+        say.print(f"serve it: {out / 'serve.sh'}", highlight=False)
+    say.print(f"results: {out}/ (trials.csv, trials.parquet, pareto.csv, best.json, serve.sh, report.md); "
+              f"plots: autotune report {out}", highlight=False)
     if not report.get("best"):
         raise typer.Exit(1)
 
@@ -337,6 +365,28 @@ def check(
             f.write(summary)
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if json_out else summary)
     raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command(epilog="Examples:\n\n  autotune report results/json_edit\n\n"
+             "  autotune report results/nightly -o site/nightly")
+def report(
+    results: Annotated[Path, typer.Argument(help="A results folder from `autotune search` (or its best.json).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder for report.html and the PNGs. "
+                                                   "Default: RESULTS/report/.")] = None,
+) -> None:
+    """Write an HTML report (opens offline) and PNG plots from saved results; vLLM is not needed.
+
+    Plots: the Pareto front with the baseline marked, speedup by method and depth, acceptance by
+    draft position, and parameter importances.
+    """
+    from autotune.report import write_report
+
+    try:
+        files = write_report(results, output)
+    except AutotuneError as e:
+        _fail(e)
+    for f in files:
+        console.print(f"wrote {f}", highlight=False)
 
 
 workload_app = typer.Typer(no_args_is_help=True, help="Look at a workload before tuning on it, or convert it.")

@@ -190,17 +190,31 @@ async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
         await _replay(engine, reqs[:n_warm], prompts[:n_warm],
                       {"kind": "concurrency", "concurrency": load.get("concurrency", 1)}, lambda n: None, fault)
         warm_s = time.perf_counter() - t1
-        windows = []
-        repeats = replay.get("repeats", 1)
-        for w in range(repeats):
-            phase("measure", {"total": len(reqs), "window": w + 1, "windows": repeats})
-            windows.append(await _window(engine, reqs, prompts, load, fault, lambda n, w=w: phase(
-                "progress", {"done": n, "total": len(reqs), "window": w + 1, "windows": repeats})))
+        windows = await _windows(engine, reqs, prompts, load, replay, fault, phase)
+        levels = {lvl["label"]: await _windows(engine, reqs, prompts, lvl, replay, fault, phase)
+                  for lvl in replay.get("extra_loads", [])}
         samples = await _samples(engine, reqs, prompts, replay, fault, phase)
     finally:
         engine.shutdown()
-    return {"engine_init_s": init_s, "warmup_s": warm_s, "windows": windows, "samples": samples,
-            "vllm_version": vllm_version(), "load": load}
+    return {"engine_init_s": init_s, "warmup_s": warm_s, "windows": windows, "levels": levels,
+            "samples": samples, "vllm_version": vllm_version(), "load": load}
+
+
+async def _windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],
+                   replay: dict[str, Any], fault: dict[str, Any] | None, phase: Phase) -> list[dict[str, Any]]:
+    """``repeats`` windows at one load level, and more (up to ``max_repeats``) while their
+    throughput spread is too wide to rank the candidate: re-measured while the engine is up."""
+    from autotune.metrics import noisy, measure
+
+    repeats = replay.get("repeats", 1)
+    most = max(repeats, replay.get("max_repeats", repeats))
+    windows: list[dict[str, Any]] = []
+    while len(windows) < repeats or (len(windows) < most and noisy([measure(w)["output_tok_s"] for w in windows])):
+        w, total = len(windows) + 1, max(repeats, len(windows) + 1)
+        phase("measure", {"total": len(reqs), "window": w, "windows": total, "load": load.get("label")})
+        windows.append(await _window(engine, reqs, prompts, load, fault, lambda n, w=w, total=total: phase(
+            "progress", {"done": n, "total": len(reqs), "window": w, "windows": total})))
+    return windows
 
 
 def run_job(job: dict[str, Any], phase: Phase) -> dict[str, Any]:

@@ -30,7 +30,7 @@ class LoadPattern:
                 "poisson": f"poisson={self.rate:g}/s" if self.rate else "poisson", "replay": "replay"}[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "label": self.label}
 
 
 def parse_load(text: str, *, seed: int = 0) -> LoadPattern:

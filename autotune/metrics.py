@@ -83,6 +83,15 @@ SPREAD = ("output_tok_s", "req_s", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", 
 NOISY_SHARE = 0.03  # a throughput MAD above 3% of the median makes a ranking untrustworthy
 
 
+def noisy(throughputs: list[float]) -> bool:
+    """Windows whose throughput MAD exceeds NOISY_SHARE of their median (one window can't tell)."""
+    if len(throughputs) < 2:
+        return False
+    arr = np.asarray(throughputs, dtype=float)
+    med = float(np.median(arr))
+    return bool(med and float(np.median(np.abs(arr - med))) / med > NOISY_SHARE)
+
+
 def _sum_counters(windows: list[dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {}
     for w in windows:
@@ -115,7 +124,30 @@ def measure_run(raw: dict[str, Any]) -> dict[str, Any]:
     m["incomplete"] = sum(p["incomplete"] for p in per)
     m["completed"] = sum(p["completed"] for p in per)
     m["requests"] = sum(p["requests"] for p in per)
-    m["noisy"] = bool(m["output_tok_s"] and m["output_tok_s_mad"] / m["output_tok_s"] > NOISY_SHARE)
+    m["noisy"] = noisy(m["output_tok_s_windows"])
     m["engine_init_s"], m["warmup_s"] = raw.get("engine_init_s"), raw.get("warmup_s")
     m.update(acceptance(_sum_counters(raw["windows"])))
     return m
+
+
+def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95, draws: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(cand) / mean(base), windows resampled on both sides.
+
+    Each window is one full replay of the workload, so windows are the independent units of a
+    run. With two windows a side the interval spans little more than the extreme window ratios:
+    more ``--repeats`` make it a real interval.
+    """
+    c, b = np.asarray(cand, dtype=float), np.asarray(base, dtype=float)
+    if not len(c) or not len(b) or not np.all(np.isfinite(c)) or not np.all(np.isfinite(b)) or b.min() <= 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    ratios = rng.choice(c, (draws, len(c))).mean(axis=1) / rng.choice(b, (draws, len(b))).mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
+
+def at_level(m: dict[str, Any], label: str) -> dict[str, Any]:
+    """A run's measurement at one load level as flat ``metric@level`` keys (objective names)."""
+    keys = (*DIRECTIONS, "output_tok_s_mad", "windows", "noisy", "incomplete", "acceptance_rate", "mean_accepted_length")
+    return {f"{k}@{label}": m[k] for k in keys if k in m}

@@ -9,6 +9,7 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.metrics import ratio_interval
 from autotune.study import baseline_trial
 
 METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
@@ -35,12 +36,19 @@ def pick_best(study: optuna.Study) -> FrozenTrial | None:
 
 
 def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
-    """Ratios to the baseline, each > 1 when the candidate is better."""
+    """Ratios to the baseline, each > 1 when the candidate is better; the throughput ratio with its
+    95% bootstrap interval over the measured windows (``output_tok_s_lo`` .. ``_hi``)."""
     def ratio(a: float, b: float) -> float:
         return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
-    return {"output_tok_s": ratio(m["output_tok_s"], base["output_tok_s"]),
-            "e2e_ms_p50": ratio(base["e2e_ms_p50"], m["e2e_ms_p50"]),
-            "tpot_ms_p50": ratio(base["tpot_ms_p50"], m["tpot_ms_p50"])}
+    lo, hi = ratio_interval(m.get("output_tok_s_windows", []), base.get("output_tok_s_windows", []))
+    out = {"output_tok_s": ratio(m["output_tok_s"], base["output_tok_s"]),
+           "output_tok_s_lo": lo, "output_tok_s_hi": hi,
+           "e2e_ms_p50": ratio(base["e2e_ms_p50"], m["e2e_ms_p50"]),
+           "tpot_ms_p50": ratio(base["tpot_ms_p50"], m["tpot_ms_p50"])}
+    for key in m:  # throughput at every load level the study measured (speculation can lose at high load)
+        if key.startswith("output_tok_s@") and key in base:
+            out[key] = ratio(m[key], base[key])
+    return out
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
@@ -48,6 +56,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     base = baseline_trial(study)
     base_m = base.user_attrs["measurement"] if base else None
     front = {t.number for t in pareto_trials(study)}
+    # Every objective gets a column, so that a report can draw the front from this table alone.
+    metrics = (*METRIC_COLUMNS, *(o for o in study.user_attrs.get("objectives", []) if o not in METRIC_COLUMNS))
     rows = []
     for t in study.get_trials(deepcopy=False):
         if "duplicate_of" in t.user_attrs or t.state not in (TrialState.COMPLETE, TrialState.FAIL):
@@ -57,7 +67,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row: dict[str, Any] = {"trial": t.number, "state": t.state.name, "role": ua.get("role", "candidate"),
                                "label": ua.get("label"), "pareto": t.number in front}
         row.update({f"param_{k}": val for k, val in ua.get("candidate", {}).items()})
-        row.update({k: m.get(k) for k in METRIC_COLUMNS})
+        row.update({k: m.get(k) for k in metrics})
         row["acceptance_by_pos"] = " ".join(f"{x:.3f}" for x in m.get("acceptance_by_pos", []))
         if m and base_m:
             row.update({f"speedup_{k}": val for k, val in speedup(m, base_m).items()})
@@ -69,5 +79,6 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["noisy"] = m.get("noisy")
         row["failure"] = ua.get("failure")
         row["wall_s"] = ua.get("wall_s")
+        row["worker"] = ua.get("worker")  # host:pid/thread, for studies shared by several workers
         rows.append(row)
     return pd.DataFrame(rows)

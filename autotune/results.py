@@ -1,8 +1,9 @@
 """Write a finished study to ``results/<study>/`` and read it back (no Optuna, no vLLM needed to read).
 
-Files: the Optuna storage (study.db unless --storage points elsewhere), trials.csv, pareto.csv,
-best.json (the StudyReport: chosen candidate, engine kwargs, measurement, verdict, speedup,
-vLLM version, platform), serve.sh and report.md.
+Files: the Optuna storage (study.db unless --storage points elsewhere), trials.csv and
+trials.parquet (the same table), pareto.csv, best.json (the StudyReport: chosen candidate, engine
+kwargs, measurement, verdict, speedup, vLLM version, platform), serve.sh and report.md.
+`autotune report` adds report/ (HTML and PNG plots) from these files.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
     results_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(study)
     frame.to_csv(results_dir / "trials.csv", index=False)
+    parquet_safe(frame).to_parquet(results_dir / "trials.parquet", engine="pyarrow", index=False)
     (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
     base, best = baseline_trial(study), pick_best(study)
 
@@ -76,6 +78,27 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
         report["serve_command"] = command(kw)
     (results_dir / "report.md").write_text(markdown(report, frame))
     return report
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def parquet_safe(frame: Any) -> Any:
+    """A copy of ``frame`` that pyarrow stores faithfully.
+
+    pyarrow turns dicts into structs (the union of all keys, ints widened to floats), lists into
+    arrays, and rejects object columns of mixed types (an int next to a string), so such columns
+    become JSON text: read back with ``json.loads``.
+    """
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype != object:
+            continue
+        kinds = {type(v) for v in out[col] if not _missing(v)}
+        if kinds & {dict, list, tuple} or (len(kinds) > 1 and kinds != {int, float}):
+            out[col] = [None if _missing(v) else json.dumps(_clean(v)) for v in out[col]]
+    return out
 
 
 def markdown(report: dict[str, Any], frame: Any) -> str:

@@ -10,20 +10,25 @@ with nothing completed lost and a study shared by several workers has one source
 from __future__ import annotations
 
 import math
+import os
+import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
+from optuna.storages._heartbeat import get_heartbeat_thread  # the thread Study.optimize uses
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.candidate import Candidate, Settings
 from autotune.errors import BadInput, StudyFailed
-from autotune.load import LoadPattern
-from autotune.metrics import DIRECTIONS, measure_run
+from autotune.load import LoadPattern, parse_load
+from autotune.metrics import DIRECTIONS, at_level, measure_run
 from autotune.slo import SLO, goodput
 from autotune.space import SearchSpace
+from autotune.storage import dead_here, has_heartbeat, open_storage, worker_id
 from autotune.validate import Tolerances, verdict
 from autotune.worker import TrialOutcome, run_trial
 from autotune.workload import Workload
@@ -42,7 +47,9 @@ class StudyConfig:
     n_trials: int = 10
     storage: str | None = None
     load: LoadPattern = field(default_factory=LoadPattern)
+    extra_loads: tuple[LoadPattern, ...] = ()  # more load levels measured on the same engine (objective@level)
     repeats: int = 2  # measured windows per trial; objectives are their medians
+    max_repeats: int = 0  # re-measure a noisy candidate up to this many windows (0: never)
     warmup: int = 2
     trial_timeout_s: float = 600.0
     tolerances: Tolerances = field(default_factory=Tolerances)
@@ -71,26 +78,75 @@ class _Quiet:
     def trial_finished(self, number: int, label: str, summary: str) -> None: ...
 
 
+def split_objective(name: str) -> tuple[str, str | None]:
+    """``output_tok_s@16`` -> (``output_tok_s``, ``concurrency=16``); no ``@``: the study's load."""
+    metric, _, level = name.partition("@")
+    return metric, (f"concurrency={level}" if level.isdigit() else level) or None
+
+
+def normalize_objectives(names: tuple[str, ...], load: LoadPattern) -> tuple[tuple[str, ...], tuple[LoadPattern, ...]]:
+    """Objective names with their load level spelled out, and the extra levels a trial must measure."""
+    out, extra = [], []
+    for name in names:
+        metric, level = split_objective(name)
+        if level is None or level == load.label:
+            out.append(metric)
+            continue
+        try:
+            pattern = parse_load(level, seed=load.seed)
+        except BadInput:
+            raise BadInput(f"--objectives: {name!r}: expected METRIC@LEVEL with LEVEL a number (concurrency) "
+                           f"or a load pattern (concurrency=N, batch, poisson=R)") from None
+        out.append(f"{metric}@{pattern.label}")
+        if pattern.label != load.label and pattern not in extra:
+            extra.append(pattern)
+    return tuple(out), tuple(extra)
+
+
 def validate_objectives(names: tuple[str, ...]) -> list[str]:
     """Optuna directions for the chosen objective names."""
-    unknown = [n for n in names if n not in DIRECTIONS]
+    unknown = [n for n in names if split_objective(n)[0] not in DIRECTIONS]
     if unknown or not names:
         raise BadInput(f"--objectives: unknown objective {unknown[0] if unknown else '(none)'!r}; "
-                       f"expected names from {sorted(DIRECTIONS)}")
-    return [DIRECTIONS[n] for n in names]
+                       f"expected names from {sorted(DIRECTIONS)}, optionally @LEVEL (e.g. output_tok_s@16)")
+    return [DIRECTIONS[split_objective(n)[0]] for n in names]
+
+
+def _sampler(seed: int) -> optuna.samplers.BaseSampler:
+    # Constraints are set on each trial (Trial.set_constraint); TPE and best_trials honour them.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=5)
+
+
+def _quiet_optuna() -> None:
+    # Our own progress display says what happens; Optuna's INFO lines, the warning that TPE's
+    # ``group`` is experimental and the one that heartbeats are meant for ``optimize`` (we keep them
+    # with ask/tell, see _work) would only interleave with it.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+
+def _mark_interrupted(study: optuna.Study, t: FrozenTrial, why: str) -> None:
+    """Fail a RUNNING trial whose worker is gone, recording why, so that its candidate is retried."""
+    # Optuna has no public setter for a user attribute of a trial not in hand.
+    study._storage.set_trial_user_attr(t._trial_id, "failure", f"interrupted ({why})")
+    study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+    study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
 
 
 def open_study(cfg: StudyConfig) -> optuna.Study:
-    """Create the study, or load it to resume (same name and storage)."""
+    """Create the study, or load it to resume or to join other workers (same name and storage)."""
     directions = validate_objectives(cfg.objectives)
-    # Our own progress display says what happens; Optuna's INFO lines and the warning that
-    # TPE's ``group`` is experimental would only interleave with it.
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    # Constraints are set on each trial (Trial.set_constraint); TPE and best_trials honour them.
-    sampler = optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True, group=True, n_startup_trials=5)
-    study = optuna.create_study(study_name=cfg.name, storage=cfg.storage_url, directions=directions,
-                                sampler=sampler, load_if_exists=True)
+    _quiet_optuna()
+    storage = open_storage(cfg.storage_url)
+    try:
+        study = optuna.create_study(study_name=cfg.name, storage=storage, directions=directions,
+                                    sampler=_sampler(cfg.seed))
+    except optuna.exceptions.DuplicatedStudyError:
+        # Made by an earlier run or by another worker: seed this sampler apart, so two workers'
+        # first (random) configs differ instead of colliding.
+        study = optuna.load_study(study_name=cfg.name, storage=storage,
+                                  sampler=_sampler((cfg.seed * 1_000_003 + os.getpid()) % 2**32))
     saved = study.user_attrs.get("objectives")
     if saved is not None and tuple(saved) != cfg.objectives:
         raise BadInput(f"--objectives: study {cfg.name!r} was created with {saved}, got {list(cfg.objectives)}")
@@ -107,7 +163,8 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str
             if r[key] is None:
                 del r[key]
     return {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
-            "replay": {"load": cfg.load.to_dict(), "repeats": cfg.repeats, "warmup": cfg.warmup, "samples": cfg.samples,
+            "replay": {"load": cfg.load.to_dict(), "extra_loads": [x.to_dict() for x in cfg.extra_loads],
+                       "repeats": cfg.repeats, "max_repeats": cfg.max_repeats, "warmup": cfg.warmup, "samples": cfg.samples,
                        "sample_tokens": cfg.sample_tokens}, "engine_module": cfg.engine_module}
 
 
@@ -121,20 +178,31 @@ def _finished(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if _counts(t)]
 
 
-def _fail_stale(study: optuna.Study) -> None:
-    """Trials left RUNNING by an interrupted run (killed hard, so it could not mark them) become FAIL."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        # Optuna has no public setter for a user attribute of a trial not in hand.
-        study._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted (found running on resume)")
-        study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-        study.tell(t.number, state=TrialState.FAIL)
+def _running(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def _fail_stale(study: optuna.Study) -> int:
+    """Fail RUNNING trials whose worker is gone: a dead pid on this host, or (RDB storages) no
+    heartbeat for GRACE_S, wherever it ran. Live workers' trials are left alone. Returns how many."""
+    before = len(_running(study))
+    for t in dead_here(study):
+        _mark_interrupted(study, t, "its worker process is gone")
+    if has_heartbeat(study._storage):
+        # The query behind Optuna's fail_stale_trials; that function fails the trial first, after
+        # which it can take no user attribute, so the reason could not be recorded.
+        stale = set(study._storage._get_stale_trial_ids(study._study_id))
+        for t in _running(study):
+            if t._trial_id in stale:
+                _mark_interrupted(study, t, "its worker stopped: no heartbeat")
+    return before - len(_running(study))
 
 
 def _retry_interrupted(study: optuna.Study) -> None:
     """Queue again each interrupted candidate that has not been measured since."""
     trials = study.get_trials(deepcopy=False)
     done = {Candidate(t.user_attrs.get("candidate", {})).key() for t in trials
-            if _counts(t) or t.state == TrialState.WAITING}
+            if _counts(t) or t.state in (TrialState.WAITING, TrialState.RUNNING)}
     for t in trials:
         key = Candidate(t.user_attrs.get("candidate", {})).key()
         if t.user_attrs.get("interrupted") and t.user_attrs.get("role") != BASELINE and key not in done:
@@ -144,49 +212,109 @@ def _retry_interrupted(study: optuna.Study) -> None:
 
 def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
               progress: Progress | None = None, resume: bool = False,
-              enqueue: list[dict[str, Any]] = ()) -> optuna.Study:
-    """Run (or continue) the study until ``n_trials`` trials have finished.
+              enqueue: list[dict[str, Any]] = (), worker_envs: list[dict[str, str]] = ({},)) -> optuna.Study:
+    """Run (or continue, or join) the study until ``n_trials`` trials have finished.
 
     ``enqueue``: parameter sets to measure first, right after the baseline (Optuna ``enqueue_trial``).
+    ``worker_envs``: one worker thread each, with that environment for its trials (its device set).
+    Other processes may work on the same study (same name and storage) at the same time.
     """
     progress = progress or _Quiet()
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
     study = open_study(cfg)
+    _fail_stale(study)
     if resume:
-        _fail_stale(study)
         _retry_interrupted(study)
     elif _finished(study):
         raise BadInput(f"--study: {cfg.name!r} already has trials in {cfg.results_dir}; "
-                       "pass --resume to continue it or choose another --study name")
+                       "pass --resume to continue it (or to join its workers) or choose another --study name")
     study.set_user_attr("workload", workload.path)
     study.set_user_attr("space", space.name)
     study.set_user_attr("load", cfg.load.label)
     study.set_user_attr("concurrency", cfg.load.concurrency if cfg.load.kind == "concurrency" else None)
-    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    if baseline_trial(study) is None and not any(t.user_attrs.get("role") == BASELINE for t in waiting):
-        # Not skip_if_exists: an interrupted baseline must run again.
+    study.set_user_attr("levels", [cfg.load.label, *(x.label for x in cfg.extra_loads)])
+    pending = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    if baseline_trial(study) is None and not any(t.user_attrs.get("role") == BASELINE for t in pending):
+        # First in line (not skip_if_exists: an interrupted baseline must run again).
         study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE})
     for params in enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
+    if len(worker_envs) == 1:
+        _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None)
+        return study
+    stop, errors = threading.Event(), []
+
+    def work(i: int) -> None:
+        try:
+            _work(study, cfg, workload, space, progress, env=worker_envs[i], thread=i, stop=stop)
+        except KeyboardInterrupt:
+            pass  # stop was set: the trial in hand is marked interrupted
+        except BaseException as e:  # a failed baseline ends every worker, as it ends a single one
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"autotune-worker-{i}", daemon=True)
+               for i in range(len(worker_envs))]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # a timed join lets Ctrl-C through
+    except KeyboardInterrupt:  # Ctrl-C reaches this thread only: stop the workers, which mark their trials
+        stop.set()
+        for t in threads:
+            t.join()
+        raise
+    if errors:
+        raise errors[0]
+    return study
+
+
+def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
+          *, env: dict[str, str], thread: int, stop: threading.Event | None) -> None:
+    """One worker: ask, measure, tell, until the study's budget is used (by every worker together)."""
     asks = 0
     # Each duplicate costs an ask, not a measurement; a small space can run out of new configs.
-    while len(_finished(study)) < cfg.n_trials and asks < 4 * cfg.n_trials + 4:
+    while asks < 4 * cfg.n_trials + 4:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
+        if _fail_stale(study):
+            _retry_interrupted(study)
+        running = _running(study)
+        if len(_finished(study)) + len(running) >= cfg.n_trials:
+            return
+        base = baseline_trial(study)
+        if base is None and any(t.user_attrs.get("role") == BASELINE for t in running):
+            time.sleep(1.0)  # another worker measures the reference; candidates are judged against it
+            continue
         asks += 1
         trial = study.ask()
-        is_base = trial.user_attrs.get("role") == BASELINE
+        trial.set_user_attr("worker", worker_id(thread))
+        is_base = base is None
+        if is_base:  # the reference comes first; a candidate popped ahead of it goes back in line
+            fixed = _frozen(study, trial.number).system_attrs.get("fixed_params")
+            if fixed and trial.user_attrs.get("role") != BASELINE:
+                study.enqueue_trial(fixed)
+            trial.set_user_attr("role", BASELINE)
+        elif trial.user_attrs.get("role") == BASELINE:  # queued twice (two workers started at once)
+            trial.set_user_attr("role", "extra baseline")
         cand = space.baseline_candidate() if is_base else space.suggest(trial)
         trial.set_user_attr("candidate", cand.params)
         trial.set_user_attr("label", cand.label)
-        dup = None if is_base else _duplicate(study, cand, trial.number)
+        dup = _duplicate(study, cand, trial.number, is_base)
         if dup is not None:  # never measure the same config twice without meaning to
             trial.set_user_attr("duplicate_of", dup)
             study.tell(trial, state=TrialState.PRUNED)
             continue
-        _run_one(study, trial, cand, workload, cfg, progress, is_base)
+        _run_one(study, trial, cand, workload, cfg, progress, is_base, env=env, stop=stop)
         if is_base and baseline_trial(study) is None:
-            reason = study.trials[trial.number].user_attrs.get("failure", "unknown")
+            reason = _frozen(study, trial.number).user_attrs.get("failure", "unknown")
             raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
-    return study
+
+
+def _frozen(study: optuna.Study, number: int) -> FrozenTrial:
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -197,24 +325,37 @@ def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
     return None
 
 
-def _duplicate(study: optuna.Study, cand: Candidate, number: int) -> int | None:
+def _duplicate(study: optuna.Study, cand: Candidate, number: int, is_base: bool) -> int | None:
+    """A trial already measuring or measured ``cand`` (for the baseline: another baseline).
+
+    Workers record the candidate before this check, so of two workers that drew the same config
+    at once, the later to record it always sees the earlier one: it is never measured twice.
+    """
     key = cand.key()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)):
-        if t.number != number and (_counts(t) or t.state == TrialState.RUNNING) and \
-                Candidate(t.user_attrs.get("candidate", {})).key() == key:
+        if t.number == number or Candidate(t.user_attrs.get("candidate", {})).key() != key:
+            continue
+        if is_base:  # a failed baseline may be tried again; a measured or running one may not
+            if t.user_attrs.get("role") == BASELINE and t.state != TrialState.FAIL:
+                return t.number
+        elif _counts(t) or t.state == TrialState.RUNNING:
             return t.number
     return None
 
 
 def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload: Workload,
-             cfg: StudyConfig, progress: Progress, is_base: bool) -> None:
+             cfg: StudyConfig, progress: Progress, is_base: bool, *, env: dict[str, str],
+             stop: threading.Event | None) -> None:
     n = trial.number
     progress.trial_started(n, cand.label)
     workdir = cfg.results_dir / "trials" / f"{n:04d}"
     job = trial_job(cand, workload, cfg)
+    trial.set_user_attr("devices", env)
     try:
-        outcome = run_trial(job, workdir, timeout_s=cfg.trial_timeout_s,
-                            on_event=lambda e: progress.trial_event(n, e))
+        # Heartbeats (RDB storages) tell other workers this trial is alive; Optuna's own thread does it.
+        with get_heartbeat_thread(trial._trial_id, study._storage):
+            outcome = run_trial(job, workdir, timeout_s=cfg.trial_timeout_s, env=env, stop=stop,
+                                on_event=lambda e: progress.trial_event(n, e))
     except KeyboardInterrupt:
         trial.set_user_attr("failure", "interrupted by the user")
         trial.set_user_attr("interrupted", True)  # not counted, not a duplicate: --resume measures it again
@@ -233,6 +374,12 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         return f"failed: {outcome.failure}"
     m = measure_run(outcome.raw)
     m["goodput"] = min(goodput(w["requests"], cfg.slos) for w in outcome.raw["windows"])
+    m["remeasured_windows"] = max(0, m["windows"] - cfg.repeats)
+    m.update(at_level(m, cfg.load.label))
+    for level in cfg.extra_loads:  # every level's metrics under objective names (metric@level)
+        at = measure_run({"windows": outcome.raw["levels"][level.label]})
+        m.update(at_level(at, level.label))
+        m["incomplete"] += at["incomplete"]
     records = outcome.raw["windows"][0]["requests"]  # every window replays the same requests
     outputs = [{"id": r["id"], "token_ids": r["token_ids"], "text": r["text"],
                 "finish_reason": r["finish_reason"], "error": r["error"], "chunks": len(r["chunks"])}

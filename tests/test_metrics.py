@@ -1,5 +1,7 @@
 import math
 
+import numpy as np
+
 import pytest
 
 from autotune.metrics import acceptance, measure
@@ -41,3 +43,17 @@ def test_acceptance_fraction_and_mean_length_differ():
     assert a["acceptance_rate"] == pytest.approx(0.5)
     assert a["mean_accepted_length"] == pytest.approx(2.5)
     assert a["acceptance_by_pos"] == pytest.approx([0.8, 0.5, 0.2])
+
+
+def test_speedup_interval_brackets_the_ratio_and_narrows_with_more_windows():
+    from autotune.metrics import ratio_interval
+
+    base2, cand2 = [100.0, 110.0], [150.0, 170.0]
+    lo, hi = ratio_interval(cand2, base2)
+    # Two windows a side: the interval reaches the extreme window ratios, no further.
+    assert 150 / 110 <= lo < 160 / 105 < hi <= 170 / 100
+    rng = np.random.default_rng(1)
+    base, cand = list(100 + rng.normal(0, 5, 20)), list(150 + rng.normal(0, 5, 20))
+    lo20, hi20 = ratio_interval(cand, base)
+    assert lo20 < np.mean(cand) / np.mean(base) < hi20 and hi20 - lo20 < hi - lo
+    assert all(x != x for x in ratio_interval([], base))  # nothing measured: no interval (NaN)

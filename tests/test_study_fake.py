@@ -4,6 +4,8 @@ The real engine runs in tests/test_engine_study.py.
 """
 
 import json
+import socket
+import subprocess
 
 import pandas as pd
 import pytest
@@ -128,7 +130,10 @@ def test_baseline_left_running_by_a_hard_kill_runs_again_on_resume(tmp_path, fak
     c.results_dir.mkdir(parents=True)
     study = open_study(c)
     study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE})
-    study.ask()  # RUNNING, and then the process "died"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    trial = study.ask()  # RUNNING, and then the process "died"
+    trial.set_user_attr("worker", f"{socket.gethostname()}:{gone.pid}/0")
     study = run_study(c, load_workload("examples/smoke.jsonl"), space, resume=True)
     t = study.trials
     assert t[0].state == TrialState.FAIL and t[0].user_attrs["failure"].startswith("interrupted")
@@ -151,3 +156,38 @@ def test_a_config_that_misses_an_slo_is_never_on_the_front(tmp_path, fake_engine
     assert [e["trial"] for e in report["pareto"]] == [1] and report["best"]["trial"] == 1
     frame = pd.read_csv(c.results_dir / "trials.csv")
     assert frame.loc[0, "slo_missed"] == "e2e_ms_p50<=300" and frame.loc[0, "goodput"] == 0.0
+
+
+def test_objectives_at_two_load_levels_keep_both_sides_of_the_trade_off(tmp_path, fake_engine_env):
+    from autotune.load import parse_load
+    from autotune.study import normalize_objectives
+
+    load = parse_load("concurrency=1")
+    objectives, extra = normalize_objectives(("output_tok_s@1", "output_tok_s@8"), load)
+    assert objectives == ("output_tok_s", "output_tok_s@concurrency=8") and [x.label for x in extra] == ["concurrency=8"]
+    # The fake engine's speculation wins at concurrency 1 and loses at 8, like real speculation under load.
+    c = cfg(tmp_path, n_trials=2, objectives=objectives, load=load, extra_loads=extra)
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space,
+                      enqueue=[{"method": "ngram", "num_speculative_tokens": 3, "kv_cache_dtype": "auto",
+                                "quantization": "none"}])
+    base, ngram = (t.user_attrs["measurement"] for t in study.trials[:2])
+    assert ngram["output_tok_s"] > base["output_tok_s"] and \
+        ngram["output_tok_s@concurrency=8"] < base["output_tok_s@concurrency=8"]
+    report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu"},
+                           objectives=list(c.objectives), storage_url=c.storage_url)
+    assert [e["trial"] for e in report["pareto"]] == [0, 1]  # each is best at one level
+    assert report["best"]["trial"] == 1  # the primary objective (first) picks
+    assert report["pareto"][1]["speedup"]["output_tok_s@concurrency=8"] < 1
+    frame = pd.read_csv(c.results_dir / "trials.csv")
+    assert "output_tok_s@concurrency=8" in frame.columns
+
+
+def test_bad_objective_levels_are_bad_input():
+    from autotune.load import parse_load
+    from autotune.study import normalize_objectives, validate_objectives
+
+    with pytest.raises(BadInput, match="unknown objective 'speed@8'"):
+        validate_objectives(("speed@8",))
+    with pytest.raises(BadInput, match="'output_tok_s@fast': expected METRIC@LEVEL"):
+        normalize_objectives(("output_tok_s@fast",), parse_load("concurrency=1"))

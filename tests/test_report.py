@@ -1,0 +1,187 @@
+"""`autotune report` and trials.parquet, on results of a study run with the FAKE engine (tests/fake_engine.py).
+
+The report reads saved files only; one test runs it in a process where vLLM cannot be imported,
+another opens the page in headless Chromium and looks at the screenshot.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from autotune.candidate import Settings
+from autotune.cli import app
+from autotune.report import MIN_TRIALS_FOR_IMPORTANCE, importance_chart, write_report
+from autotune.results import write_results
+from autotune.space import load_space
+from autotune.study import StudyConfig, run_study
+from autotune.workload import load_workload
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+CHROMIUM = "/usr/bin/chromium"
+TITLES = ("Pareto front: output_tok_s vs e2e_ms_p50", "Speedup over the baseline by method and depth",
+          "Acceptance by draft position", "Parameter importances")
+runner = CliRunner()
+
+
+def colours(img):
+    """How many distinct RGB colours an image (floats in [0, 1], from imread) has."""
+    rgb = (img[..., :3] * 255).astype(np.uint32)
+    return len(np.unique(rgb[..., 0] << 16 | rgb[..., 1] << 8 | rgb[..., 2]))
+
+
+def ngram(k, kv="auto", q="none"):
+    return {"method": "ngram", "num_speculative_tokens": k, "kv_cache_dtype": kv, "quantization": q}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A finished fake study: baseline, ngram k=2..4, a drifting (infeasible) fp8 config, a crash."""
+    out = tmp_path_factory.mktemp("results") / "fake"
+    with pytest.MonkeyPatch.context() as mp:  # as conftest's fake_engine_env, once for the module
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        cfg = StudyConfig(name="fake", results_dir=out, settings=Settings(model="fake-model"), n_trials=6,
+                          trial_timeout_s=20, engine_module="fake_engine", repeats=1, warmup=0, samples=0)
+        space = load_space("tests/data/fake_space.yaml", platform="cpu", models=set())
+        study = run_study(cfg, load_workload("examples/smoke.jsonl"), space,
+                          enqueue=[ngram(2), ngram(3), ngram(4), ngram(4, kv="fp8"), ngram(2, q="crash")])
+        write_results(study, out, settings=cfg.settings, platform={"platform": "cpu", "vllm": "fake"},
+                      objectives=list(cfg.objectives), storage_url=cfg.storage_url)
+    return out
+
+
+def test_trials_parquet_holds_the_csv_table(results):
+    csv = pd.read_csv(results / "trials.csv")
+    parquet = pd.read_parquet(results / "trials.parquet")
+    assert list(parquet.columns) == list(csv.columns) and len(parquet) == len(csv) == 6
+    assert list(parquet["state"]) == ["COMPLETE"] * 5 + ["FAIL"]
+    assert parquet.loc[5, "failure"].startswith("RuntimeError: fake engine init failed")
+    assert parquet["correct"].tolist()[:5] == [True, True, True, True, False]
+    # The CSV loses types and reads empty text as missing: compare both as text, missing as "".
+    def text(frame):
+        return frame.map(lambda v: "" if pd.isna(v) else str(v))
+    pd.testing.assert_frame_equal(text(parquet), text(csv))
+
+
+@pytest.fixture(scope="module")
+def site(results, tmp_path_factory):
+    """`autotune report RESULTS -o SITE`, once for the module."""
+    out = tmp_path_factory.mktemp("site")
+    r = runner.invoke(app, ["report", str(results), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.split() == [w for f in ("report.html", "pareto.png", "speedup.png", "acceptance.png",
+                                            "importance.png") for w in ("wrote", str(out / f))]
+    return out
+
+
+def test_report_writes_html_and_pngs(site):
+    out = site
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["acceptance.png", "importance.png", "pareto.png", "report.html", "speedup.png"]
+    page = (out / "report.html").read_text()
+    for title in TITLES:
+        assert title in page, title
+    assert page.count('class="plotly-graph-div"') == 4
+    # plotly.js is inline, no script is fetched: the page opens offline
+    assert "plotly.js v" in page and not [t for t in re.findall(r"<script[^>]*>", page) if "src=" in t]
+    assert '"text":["baseline"]' in page.replace(" ", "")  # the baseline is marked on the front
+    for png in (n for n in names if n.endswith(".png")):
+        img = imread(out / png)
+        assert img.shape[0] > 300 and img.shape[1] > 500
+        assert colours(img) > 20, png  # something was drawn
+
+
+def test_report_defaults_to_results_report_folder(results):
+    r = runner.invoke(app, ["report", str(results / "best.json")])
+    assert r.exit_code == 0, r.output
+    assert (results / "report" / "report.html").is_file() and (results / "report" / "pareto.png").is_file()
+
+
+def test_report_reads_trials_csv_when_there_is_no_parquet(results, tmp_path):
+    old = tmp_path / "old"  # results written before trials.parquet existed
+    shutil.copytree(results, old, ignore=shutil.ignore_patterns("trials.parquet", "report", "trials"))
+    files = write_report(old)
+    assert [f.name for f in files] == ["report.html", "pareto.png", "speedup.png", "acceptance.png", "importance.png"]
+    assert '"text":["baseline"]' in (old / "report" / "report.html").read_text().replace(" ", "")
+
+
+def test_report_runs_where_vllm_cannot_be_imported(results, tmp_path):
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    tried = []\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('vllm', 'torch'):\n"
+        "            Block.tried.append(name); raise ImportError(name + ' is not installed here')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from autotune.cli import app\n"
+        f"try:\n    app(['report', {str(results)!r}, '-o', {str(tmp_path)!r}])\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert not Block.tried and 'autotune.engine' not in sys.modules, (Block.tried, 'autotune.engine')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "report.html").is_file()
+
+
+@pytest.mark.parametrize("setup, fragment", [
+    ("missing", "missing: no such results folder"),
+    ("empty", "best.json: no such results file"),
+    ("no_trials", "no trials.parquet or trials.csv"),
+    ("bad_trials", "trials.csv: expected columns"),
+])
+def test_bad_results_exit_2_with_one_line(results, tmp_path, setup, fragment):
+    folder = tmp_path / setup
+    if setup != "missing":
+        folder.mkdir()
+    if setup in ("no_trials", "bad_trials"):
+        shutil.copy(results / "best.json", folder)
+    if setup == "bad_trials":
+        (folder / "trials.csv").write_text("a,b\n1,2\n")
+    r = runner.invoke(app, ["report", str(folder)])
+    assert r.exit_code == 2, r.output
+    assert len(r.stderr.strip().splitlines()) <= 3 and fragment in " ".join(r.stderr.split()), r.stderr
+    assert not (folder / "report").exists()
+
+
+def test_too_few_trials_give_a_note_instead_of_importances(tmp_path):
+    study = optuna.create_study(study_name="few", storage=f"sqlite:///{tmp_path / 'study.db'}",
+                                directions=["maximize", "minimize"])
+    k_range = optuna.distributions.IntDistribution(0, 5)
+    for k in range(MIN_TRIALS_FOR_IMPORTANCE - 1):
+        study.add_trial(optuna.trial.create_trial(params={"k": k}, distributions={"k": k_range},
+                                                  values=[k, 1.0 / (k + 1)]))
+    chart = importance_chart(tmp_path, {"study": "few", "objectives": ["output_tok_s", "e2e_ms_p50"]})
+    assert not chart.series and chart.note.startswith("Too few trials for parameter importances: 3 completed")
+
+
+def test_report_help_has_examples():
+    r = runner.invoke(app, ["report", "--help"])
+    assert r.exit_code == 0 and "Examples" in r.stdout
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+                    reason=f"{CHROMIUM} not installed (CI installs it: apt-get install chromium fonts-liberation)")
+def test_report_renders_in_headless_chromium(site, tmp_path):
+    shot = tmp_path / "screenshot.png"
+    # --disable-dev-shm-usage: containers often have a 64 MB /dev/shm, too small for a renderer.
+    p = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                        "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
+                        "--window-size=1400,2000", f"--screenshot={shot}", (site / "report.html").as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and shot.is_file(), p.stderr[-2000:]
+    img = imread(shot)[..., :3]
+    assert img.shape[:2] == (2000, 1400)
+    assert colours(img) > 100  # plots, not a blank or error page
+    assert (img.min(axis=2) < 0.9).mean() > 0.02  # a few per cent of the page is ink
