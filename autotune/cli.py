@@ -207,7 +207,9 @@ def _search(**o: Any) -> None:
                       storage=o["storage"], load=load, extra_loads=extra_loads, repeats=o["repeats"],
                       max_repeats=o["max_repeats"], warmup=o["warmup"], slos=parse_slos(o["slo"]),
                       trial_timeout_s=o["trial_timeout"], seed=o["seed"], samples=o["samples"],
-                      tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"]))
+                      tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"]),
+                      # A test hook: CLI-level orchestration tests name the FAKE engine here.
+                      engine_module=os.environ.get("AUTOTUNE_ENGINE_MODULE", "autotune.engine"))
     envs = devices.partition(o["workers"], platform)
     say = err if o["json_"] else console  # --json: stdout carries the JSON only
     say.print(f"autotune {__version__}: {len(wl.requests)} requests from {wl.path}, space '{sp.name}' "

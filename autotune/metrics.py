@@ -132,7 +132,8 @@ def measure_run(raw: dict[str, Any]) -> dict[str, Any]:
 
 def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95, draws: int = 2000,
                    seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of mean(cand) / mean(base), windows resampled on both sides.
+    """Percentile bootstrap interval of median(cand) / median(base) (the reported speedup is a ratio
+    of medians), windows resampled on both sides.
 
     Each window is one full replay of the workload, so windows are the independent units of a
     run. With two windows a side the interval spans little more than the extreme window ratios:
@@ -142,7 +143,7 @@ def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95,
     if not len(c) or not len(b) or not np.all(np.isfinite(c)) or not np.all(np.isfinite(b)) or b.min() <= 0:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    ratios = rng.choice(c, (draws, len(c))).mean(axis=1) / rng.choice(b, (draws, len(b))).mean(axis=1)
+    ratios = np.median(rng.choice(c, (draws, len(c))), axis=1) / np.median(rng.choice(b, (draws, len(b))), axis=1)
     tail = (1 - level) / 2 * 100
     return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
 

@@ -2,6 +2,7 @@
 (journal storage), and processes on a real PostgreSQL server. Trials run the FAKE engine
 (tests/fake_engine.py): what is under test is the sharing, not vLLM."""
 
+import json
 import os
 import socket
 import subprocess
@@ -157,3 +158,23 @@ def test_two_processes_share_one_study_on_postgresql(tmp_path, fake_engine_env, 
         assert "autotune:***@" in report["storage"]  # the password never reaches the results
     finally:
         optuna.delete_study(study_name=name, storage=url)
+
+
+def test_search_cli_with_two_workers_prints_json(tmp_path, fake_engine_env, monkeypatch):
+    """`autotune search --workers 2 --json` end to end through the CLI, trials on the FAKE engine."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "0.5")  # trials overlap, as real ones do
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--model", "fake-model", "--space", SPACE,
+                                 "--trials", "4", "--workers", "2", "--json", "--results", str(tmp_path),
+                                 "--storage", f"journal:{tmp_path / 'journal.log'}", "--samples", "0"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)  # stdout holds the JSON alone; progress went to stderr
+    assert report["best"] and report["trials"]["finished"] == 4
+    assert report["storage"] == f"journal:{tmp_path / 'journal.log'}"
+    frame = pd.read_csv(tmp_path / "smoke" / "trials.csv")
+    assert frame["worker"].str.rsplit("/", n=1).str[1].nunique() == 2  # both worker threads measured
