@@ -17,6 +17,10 @@ METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_
                   "engine_init_s", "completed", "incomplete")
 
 
+LEVEL_COLUMNS = ("output_tok_s", "windows", "noisy", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "e2e_ms_p95",
+                 "acceptance_rate")
+
+
 def feasible(t: FrozenTrial) -> bool:
     return t.state == TrialState.COMPLETE and all(c <= 0 for c in t.constraints.values())
 
@@ -57,7 +61,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     base_m = base.user_attrs["measurement"] if base else None
     front = {t.number for t in pareto_trials(study)}
     # Every objective gets a column, so that a report can draw the front from this table alone.
-    metrics = (*METRIC_COLUMNS, *(o for o in study.user_attrs.get("objectives", []) if o not in METRIC_COLUMNS))
+    # Extra load levels (objective@level): the headline metrics at each level as well.
+    at_levels = [f"{k}@{lvl}" for lvl in study.user_attrs.get("levels", [])[1:] for k in LEVEL_COLUMNS]
+    metrics = dict.fromkeys((*METRIC_COLUMNS, *study.user_attrs.get("objectives", []), *at_levels))
     rows = []
     for t in study.get_trials(deepcopy=False):
         if "duplicate_of" in t.user_attrs or t.state not in (TrialState.COMPLETE, TrialState.FAIL):
