@@ -10,7 +10,6 @@ with nothing completed lost and a study shared by several workers has one source
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 import warnings
@@ -143,10 +142,10 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
         study = optuna.create_study(study_name=cfg.name, storage=storage, directions=directions,
                                     sampler=_sampler(cfg.seed))
     except optuna.exceptions.DuplicatedStudyError:
-        # Made by an earlier run or by another worker: seed this sampler apart, so two workers'
-        # first (random) configs differ instead of colliding.
-        study = optuna.load_study(study_name=cfg.name, storage=storage,
-                                  sampler=_sampler((cfg.seed * 1_000_003 + os.getpid()) % 2**32))
+        # Made by an earlier run or by another worker. The same seed would replay the same random
+        # configs (all duplicates now); a seed moved on by the trials so far stays reproducible.
+        n = len(storage.get_all_trials(storage.get_study_id_from_name(cfg.name), deepcopy=False))
+        study = optuna.load_study(study_name=cfg.name, storage=storage, sampler=_sampler(cfg.seed + 1 + n))
     saved = study.user_attrs.get("objectives")
     if saved is not None and tuple(saved) != cfg.objectives:
         raise BadInput(f"--objectives: study {cfg.name!r} was created with {saved}, got {list(cfg.objectives)}")
@@ -389,11 +388,12 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         raise StudyFailed("no completed baseline trial to judge candidates against")
     v = verdict(requests, records, None if is_base else base.user_attrs["outputs"],
                 lossy=cand.lossy, tol=cfg.tolerances, samples=outcome.raw.get("samples"),
-                base_samples=None if is_base else base.user_attrs.get("samples"))
+                base_samples=None if is_base else base.user_attrs.get("samples"),
+                scores=outcome.raw.get("scores"), base_scores=None if is_base else base.user_attrs.get("scores"))
     trial.set_user_attr("measurement", m)
     trial.set_user_attr("verdict", v.to_dict())
     for key, value in zip(("token_disagreement_over_budget", "expectation_regressions", "incomplete",
-                           "distribution_shift"), v.constraints):
+                           "distribution_shift", "logprob_drift_over_budget"), v.constraints):
         trial.set_constraint(key, value)
     missed = [slo.text for slo in cfg.slos if slo.violation(m[slo.metric]) > 0]
     for slo in cfg.slos:
@@ -403,6 +403,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
     if is_base:  # the reference every candidate is judged against
         trial.set_user_attr("outputs", outputs)
         trial.set_user_attr("samples", outcome.raw.get("samples") or {})
+        trial.set_user_attr("scores", outcome.raw.get("scores") or {})
     if m["incomplete"]:
         trial.set_user_attr("failure", f"incomplete run: {m['incomplete']} of {m['requests']} requests "
                             f"did not finish ({v.reason})")
