@@ -184,17 +184,15 @@ def _running(study: optuna.Study) -> list[FrozenTrial]:
 def _fail_stale(study: optuna.Study) -> int:
     """Fail RUNNING trials whose worker is gone: a dead pid on this host, or (RDB storages) no
     heartbeat for GRACE_S, wherever it ran. Live workers' trials are left alone. Returns how many."""
-    before = len(_running(study))
-    for t in dead_here(study):
-        _mark_interrupted(study, t, "its worker process is gone")
+    gone = [(t, "its worker process is gone") for t in dead_here(study)]
     if has_heartbeat(study._storage):
         # The query behind Optuna's fail_stale_trials; that function fails the trial first, after
         # which it can take no user attribute, so the reason could not be recorded.
         stale = set(study._storage._get_stale_trial_ids(study._study_id))
-        for t in _running(study):
-            if t._trial_id in stale:
-                _mark_interrupted(study, t, "its worker stopped: no heartbeat")
-    return before - len(_running(study))
+        gone += [(t, "its worker stopped: no heartbeat") for t in _running(study) if t._trial_id in stale]
+    for t, why in gone:
+        _mark_interrupted(study, t, why)
+    return len(gone)
 
 
 def _retry_interrupted(study: optuna.Study) -> None:
@@ -235,13 +233,14 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
     pending = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
     if baseline_trial(study) is None and not any(t.user_attrs.get("role") == BASELINE for t in pending):
         # First in line (not skip_if_exists: an interrupted baseline must run again).
-        study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE})
+        study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE, "queued": True})
     for params in enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
     if len(worker_envs) == 1:
         _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None)
         return study
     stop, errors = threading.Event(), []
+    done = [threading.Event() for _ in worker_envs]
 
     def work(i: int) -> None:
         try:
@@ -251,19 +250,20 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
         except BaseException as e:  # a failed baseline ends every worker, as it ends a single one
             errors.append(e)
             stop.set()
+        finally:
+            done[i].set()
 
-    threads = [threading.Thread(target=work, args=(i,), name=f"autotune-worker-{i}", daemon=True)
-               for i in range(len(worker_envs))]
-    for t in threads:
-        t.start()
+    for i in range(len(worker_envs)):
+        threading.Thread(target=work, args=(i,), name=f"autotune-worker-{i}", daemon=True).start()
     try:
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)  # a timed join lets Ctrl-C through
+        for d in done:
+            while not d.wait(0.2):  # a timed wait lets Ctrl-C through
+                pass
     except KeyboardInterrupt:  # Ctrl-C reaches this thread only: stop the workers, which mark their trials
+        # Not Thread.join: on CPython 3.11 a join interrupted by Ctrl-C marks the thread as ended.
         stop.set()
-        for t in threads:
-            t.join()
+        for d in done:
+            d.wait()
         raise
     if errors:
         raise errors[0]
@@ -325,19 +325,34 @@ def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
 
 
 def _duplicate(study: optuna.Study, cand: Candidate, number: int, is_base: bool) -> int | None:
-    """A trial already measuring or measured ``cand`` (for the baseline: another baseline).
+    """A trial already measuring or measured ``cand`` (for the baseline: the baseline that goes first).
 
     Workers record the candidate before this check, so of two workers that drew the same config
     at once, the later to record it always sees the earlier one: it is never measured twice.
     """
+    if is_base:
+        return _other_baseline(study, number)
     key = cand.key()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)):
-        if t.number == number or Candidate(t.user_attrs.get("candidate", {})).key() != key:
+        if t.number != number and (_counts(t) or t.state == TrialState.RUNNING) and \
+                Candidate(t.user_attrs.get("candidate", {})).key() == key:
+            return t.number
+    return None
+
+
+def _other_baseline(study: optuna.Study, number: int) -> int | None:
+    """The baseline trial this one gives way to, if any. A queued baseline carries its role from the
+    start, so among queued ones the lowest number goes first with no race; a baseline made on the
+    fly (nothing queued was popped) gives way to any other. A failed one may be tried again."""
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING,
+                                                                  TrialState.COMPLETE))
+              if t.user_attrs.get("role") == BASELINE and "duplicate_of" not in t.user_attrs]
+    me = next((t for t in trials if t.number == number), None)
+    queued = me is not None and me.user_attrs.get("queued")
+    for t in trials:
+        if t.number == number:
             continue
-        if is_base:  # a failed baseline may be tried again; a measured or running one may not
-            if t.user_attrs.get("role") == BASELINE and t.state != TrialState.FAIL:
-                return t.number
-        elif _counts(t) or t.state == TrialState.RUNNING:
+        if t.state == TrialState.COMPLETE or not queued or (t.user_attrs.get("queued") and t.number < number):
             return t.number
     return None
 

@@ -43,8 +43,9 @@ def _check_shared(study: optuna.Study, n_trials: int) -> list[str]:
     trials = study.get_trials(deepcopy=False)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
-                and "duplicate_of" not in t.user_attrs]
-    assert len(finished) == n_trials and all(t.state == TrialState.COMPLETE for t in finished)
+                and "duplicate_of" not in t.user_attrs and not t.user_attrs.get("interrupted")]
+    assert len(finished) == n_trials and all(t.state == TrialState.COMPLETE for t in finished), \
+        [(t.number, t.state.name, t.user_attrs.get("label"), t.user_attrs.get("failure")) for t in trials]
     keys = Counter(Candidate(t.user_attrs["candidate"]).key() for t in finished)
     assert max(keys.values()) == 1, keys  # never the same config twice
     assert sum(t.user_attrs.get("role") == BASELINE for t in finished) == 1
@@ -178,3 +179,23 @@ def test_search_cli_with_two_workers_prints_json(tmp_path, fake_engine_env, monk
     assert report["storage"] == f"journal:{tmp_path / 'journal.log'}"
     frame = pd.read_csv(tmp_path / "smoke" / "trials.csv")
     assert frame["worker"].str.rsplit("/", n=1).str[1].nunique() == 2  # both worker threads measured
+
+
+def test_ctrl_c_with_two_workers_marks_both_running_trials_and_resume_finishes(tmp_path, fake_engine_env, monkeypatch):
+    import _thread
+    import threading
+
+    monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "3")
+    c = _cfg(tmp_path, n_trials=4, storage=f"journal:{tmp_path / 'journal.log'}")
+    space, wl = load_space(SPACE, platform="cpu", models=set()), load_workload("examples/smoke.jsonl")
+    # Ctrl-C reaches the main thread only, as in a terminal; by then both workers are measuring.
+    threading.Timer(7.0, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_study(c, wl, space, worker_envs=[{}, {}])
+    trials = optuna.load_study(study_name=c.name, storage=storage.open_storage(c.storage_url)).trials
+    assert not [t for t in trials if t.state == TrialState.RUNNING], [(t.number, t.state.name, t.user_attrs.get("failure"), t.user_attrs.get("wall_s")) for t in trials]
+    stopped = [t for t in trials if t.user_attrs.get("interrupted")]
+    assert len(stopped) == 2 and all(t.user_attrs["failure"] == "interrupted by the user" for t in stopped)
+    monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "0")
+    study = run_study(c, wl, space, resume=True, worker_envs=[{}, {}])
+    _check_shared(study, 4)
