@@ -41,19 +41,24 @@ class Settings:
     trust_remote_code: bool = False
 
     def available_models(self) -> set[str]:
-        """What the space's ``needs:`` can ask for: user-supplied drafts, and the model's own MTP layers."""
+        """What the space's ``needs:`` can ask for: user-supplied drafts, the model's own MTP layers,
+        and MoE layers (what vLLM's int8 weight-only quantization on CPU works on)."""
         have = {k for k in ("draft_model", "eagle_head", "eagle3_head") if getattr(self, k)}
         if model_has_mtp(self.model):
             have.add("mtp_layers")
+        if model_is_moe(self.model):
+            have.add("moe_layers")
         return have
 
 
 # vLLM reads the MTP depth from these config keys (DeepSeek-V3, GLM-4.5, MiMo, Qwen3-Next, ...).
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+# Expert counts of mixture-of-experts configs (Mixtral, Qwen-MoE, DeepSeek, ...).
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def model_has_mtp(model: str) -> bool:
-    """Whether the model's config.json declares multi-token-prediction layers.
+def _model_configs(model: str) -> list[dict[str, Any]]:
+    """The model's config.json (and its text_config), or nothing when it cannot be read.
 
     Local folders are read directly; a hub id is read from the local Hugging Face cache only
     (no network here: any earlier vLLM run of the model puts its config there).
@@ -64,17 +69,30 @@ def model_has_mtp(model: str) -> bool:
             from huggingface_hub import try_to_load_from_cache
 
             cached = try_to_load_from_cache(model, "config.json")
-        except Exception:  # not a valid repo id, or no huggingface_hub: no MTP known
-            return False
+        except Exception:  # not a valid repo id, or no huggingface_hub: nothing known
+            return []
         if not isinstance(cached, str):
-            return False
+            return []
         cfg = Path(cached)
     try:
         data = json.loads(cfg.read_text())
     except (OSError, json.JSONDecodeError):
-        return False
-    configs = [data, data.get("text_config") or {}]
-    return any(isinstance(c.get(k), int) and c[k] > 0 for c in configs for k in _MTP_KEYS)
+        return []
+    return [data, data.get("text_config") or {}] if isinstance(data, dict) else []
+
+
+def _has(model: str, keys: tuple[str, ...]) -> bool:
+    return any(isinstance(c.get(k), int) and c[k] > 0 for c in _model_configs(model) for k in keys)
+
+
+def model_has_mtp(model: str) -> bool:
+    """Whether the model's config.json declares multi-token-prediction layers."""
+    return _has(model, _MTP_KEYS)
+
+
+def model_is_moe(model: str) -> bool:
+    """Whether the model has mixture-of-experts layers (vLLM's CPU int8 weight-only quantizes only those)."""
+    return _has(model, _MOE_KEYS)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class _RichProgress:
     def trial_event(self, number: int, event: dict[str, Any]) -> None:
         phase = event.get("phase")
         text = {"engine": "starting engine", "warmup": "warming up", "measure": "measuring",
-                "samples": "sampling for the distribution test"}.get(phase)
+                "samples": "sampling for the distribution test", "score": "scoring log-probs"}.get(phase)
         if phase == "progress":
             text = f"measuring window {event.get('window', 1)}/{event.get('windows', 1)}: {event['done']}/{event['total']}"
         if text:
@@ -137,8 +137,12 @@ def search(
                                                      "float32 for the demo pair).")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(
         help="Passed to vLLM (on CPU: share of host RAM for the KV cache). Default 0.3 on CPU.")] = None,
-    max_drift: Annotated[float, typer.Option(min=0, max=1, help="Allowed token disagreement for lossy configs.")] = 0.10,
+    max_drift: Annotated[float, typer.Option(min=0, max=1, help="Allowed token disagreement for lossy configs "
+                                                              "(used where log-probs are not measured).")] = 0.10,
     lossless_tolerance: Annotated[float, typer.Option(min=0, max=1, help="Allowed disagreement for speculation-only configs.")] = 0.02,
+    max_logprob_drift: Annotated[float, typer.Option(min=0, help="Allowed mean |log-prob change| (nats/token) of the "
+                                                            "baseline's greedy tokens for lossy configs; where "
+                                                            "log-probs are measured it replaces --max-drift.")] = 0.05,
     samples: Annotated[int, typer.Option(min=0, help="Draws per sampled request for the distribution test "
                                                     "against the baseline (0: skip the test).")] = 64,
     seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
@@ -207,7 +211,8 @@ def _search(**o: Any) -> None:
                       storage=o["storage"], load=load, extra_loads=extra_loads, repeats=o["repeats"],
                       max_repeats=o["max_repeats"], warmup=o["warmup"], slos=parse_slos(o["slo"]),
                       trial_timeout_s=o["trial_timeout"], seed=o["seed"], samples=o["samples"],
-                      tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"]),
+                      tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"],
+                                            max_logprob_drift=o["max_logprob_drift"]),
                       # A test hook: CLI-level orchestration tests name the FAKE engine here.
                       engine_module=os.environ.get("AUTOTUNE_ENGINE_MODULE", "autotune.engine"))
     envs = devices.partition(o["workers"], platform)

@@ -19,6 +19,10 @@ SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_toke
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 Phase = Callable[[str, dict[str, Any]], None]
+LOGPROB_TOP_K = 5  # top log-probs kept per scored token (autotune.validate's top-k KL)
+# Greedy requests scored per trial: plenty of tokens for a stable mean, and it bounds the scoring
+# pass and the baseline's scores kept in the study storage.
+LOGPROB_MAX_REQUESTS = 64
 
 
 def vllm_version() -> str:
@@ -92,6 +96,7 @@ async def _one(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, A
             rec["text"] += comp.text
             if rec["prompt_tokens"] is None and out.prompt_token_ids is not None:
                 rec["prompt_tokens"] = len(out.prompt_token_ids)
+                rec["prompt_token_ids"] = list(out.prompt_token_ids)  # vLLM's own tokenization, for _score
             if out.finished:
                 rec["finish_reason"] = comp.finish_reason
     except Exception as e:  # a request error is recorded; the run is then incomplete
@@ -154,6 +159,45 @@ async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
     return out
 
 
+async def _score(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str, Any]],
+                 reference: dict[str, list[int]] | None, phase: Phase) -> dict[str, dict[str, Any]]:
+    """After measuring: score a token path of every greedy request, teacher-forced.
+
+    The path is the baseline's output (``reference``, request id -> token ids; the baseline's job
+    has none and scores its own). Prompt + path go through one prefill with ``prompt_logprobs``,
+    which gives each path token's log-prob under this engine (and the top ``LOGPROB_TOP_K``), so
+    a lossy candidate is compared with the baseline on the same tokens even where its own greedy
+    output went elsewhere. One request at a time: batching changes numerics, and both sides
+    must be batched alike. A request vLLM cannot score keeps its error instead; the trial goes on.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=LOGPROB_TOP_K, detokenize=False,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+    by_id = {r["id"]: r for r in records}
+    greedy = [r["id"] for r in reqs if r["sampling"].get("temperature", 0) == 0][:LOGPROB_MAX_REQUESTS]
+    phase("score", {"total": len(greedy)})
+    out: dict[str, dict[str, Any]] = {}
+    for rid in greedy:
+        prompt_ids = by_id[rid].get("prompt_token_ids")
+        path = by_id[rid]["token_ids"] if reference is None else reference.get(rid)
+        if not path or not prompt_ids:
+            continue
+        try:
+            final = None
+            async for final in engine.generate(TokensPrompt(prompt_token_ids=prompt_ids + path), params,
+                                               f"{rid}-score-{uuid.uuid4().hex[:8]}"):
+                pass
+            by_pos = final.prompt_logprobs[len(prompt_ids):]  # position i: {token id: Logprob} for path[i]
+            out[rid] = {"token_ids": path, "logprobs": [round(d[t].logprob, 5) for d, t in zip(by_pos, path)],
+                        "top": [[[t, round(lp.logprob, 5)] for t, lp in d.items()] for d in by_pos]}
+        except Exception as e:  # e.g. a config where vLLM refuses prompt_logprobs: say why, measure on
+            out[rid] = {"token_ids": path, "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
 async def _window(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],
                   fault: dict[str, Any] | None, on_done: Callable[[int], None]) -> dict[str, Any]:
     """One measured window: a cold prefix cache, the whole workload, counters diffed around it."""
@@ -194,10 +238,11 @@ async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
         levels = {lvl["label"]: await _windows(engine, reqs, prompts, lvl, replay, fault, phase)
                   for lvl in replay.get("extra_loads", [])}
         samples = await _samples(engine, reqs, prompts, replay, fault, phase)
+        scores = await _score(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
     finally:
         engine.shutdown()
     return {"engine_init_s": init_s, "warmup_s": warm_s, "windows": windows, "levels": levels,
-            "samples": samples, "vllm_version": vllm_version(), "load": load}
+            "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load}
 
 
 async def _windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],

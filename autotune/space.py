@@ -105,7 +105,8 @@ def _parse_choices(src: str, name: str, raw: Any, platform: str, tags: set[str],
                 dropped.append(f"{name}={value} (needs {' or '.join(platforms)}; this is {platform})")
                 continue
             if needs is not None and needs not in models:
-                hint = "a model with MTP layers" if needs == "mtp_layers" else f"--{needs.replace('_', '-')}"
+                hint = {"mtp_layers": "a model with MTP layers",
+                        "moe_layers": "a mixture-of-experts model"}.get(needs, f"--{needs.replace('_', '-')}")
                 dropped.append(f"{name}={value} (needs {hint})")
                 continue
         else:

@@ -364,6 +364,8 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
     progress.trial_started(n, cand.label)
     workdir = cfg.results_dir / "trials" / f"{n:04d}"
     job = trial_job(cand, workload, cfg)
+    if not is_base:  # candidates score the baseline's greedy tokens, teacher-forced (engine._score)
+        job["reference"] = {rid: s["token_ids"] for rid, s in baseline_trial(study).user_attrs.get("scores", {}).items()}
     trial.set_user_attr("devices", env)
     try:
         # Heartbeats (RDB storages) tell other workers this trial is alive; Optuna's own thread does it.

@@ -2,7 +2,9 @@
 
 Speculation alone should be lossless: greedy outputs must match the baseline's tokens (vLLM
 promises equality "up to numerics", so a small tolerance is allowed). Quantization and KV dtype
-change numerics on purpose: their drift from the baseline is gated by ``max_drift``.
+change numerics on purpose: their drift from the baseline is gated by ``max_drift`` (token
+agreement) and by ``max_logprob_drift``: both engines score the baseline's greedy tokens
+teacher-forced (autotune.engine), and the per-token log-probs are compared.
 Sampled requests are judged by a two-sample test of their output distribution (autotune.stats).
 Expectations (``expect``) a baseline output meets must also be met by the candidate.
 """
@@ -10,6 +12,7 @@ Expectations (``expect``) a baseline output meets must also be met by the candid
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,6 +25,7 @@ from autotune.stats import DEFAULT_ALPHA, sampler_test
 class Tolerances:
     lossless: float = 0.02  # allowed mean token disagreement for speculation-only candidates
     max_drift: float = 0.10  # allowed mean token disagreement for lossy candidates
+    max_logprob_drift: float = 0.05  # allowed mean |log p_base - log p_cand| (nats/token) for lossy candidates
     alpha: float = DEFAULT_ALPHA  # significance of the sampled-output distribution test
 
 
@@ -40,6 +44,13 @@ class Verdict:
     sampled_requests: int
     distribution_p: float | None  # two-sample test of sampled outputs vs the baseline (None: not run)
     distribution_samples: int  # draws per side, over all sampled requests
+    # Teacher-forced log-probs of the baseline's greedy tokens, this engine against the baseline's
+    # (None: not measured). Mean and max over tokens of |difference| in nats, and the mean KL over
+    # each position's shared top-k tokens (renormalized).
+    logprob_drift: float | None
+    logprob_drift_max: float | None
+    logprob_kl: float | None
+    logprob_tokens: int  # tokens compared
     budget: float
     constraints: tuple[float, ...]  # Optuna convention: every value <= 0 means feasible
 
@@ -53,6 +64,48 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
         return 1.0, None
     n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     return n / max(len(a), len(b)), n
+
+
+@dataclass(frozen=True)
+class LogprobDrift:
+    mean: float
+    max: float
+    kl: float | None
+    tokens: int
+
+
+def _topk_kl(base: list[list[float]], cand: list[list[float]]) -> float | None:
+    """KL(base || cand) over the tokens both top-k lists hold, each renormalized there."""
+    b, c = {int(t): lp for t, lp in base}, {int(t): lp for t, lp in cand}
+    shared = b.keys() & c.keys()
+    if not shared:
+        return None
+    zb = math.log(sum(math.exp(b[t]) for t in shared))
+    zc = math.log(sum(math.exp(c[t]) for t in shared))
+    return sum(math.exp(b[t] - zb) * ((b[t] - zb) - (c[t] - zc)) for t in shared)
+
+
+def logprob_drift(cand: dict[str, dict[str, Any]], base: dict[str, dict[str, Any]]) -> LogprobDrift | None:
+    """Compare teacher-forced scores (``engine._score``) request by request.
+
+    Each side scored a token path; a token's log-prob depends only on the tokens before it, so
+    the two are comparable on the paths' common prefix (the whole path when the candidate scored
+    the baseline's tokens, as a study's candidates do).
+    """
+    diffs: list[float] = []
+    kls: list[float] = []
+    for rid, c in cand.items():
+        b = base.get(rid)
+        if b is None or "logprobs" not in b or "logprobs" not in c:
+            continue  # not scored on one side (its error is kept in the raw run)
+        n = next((i for i, (x, y) in enumerate(zip(b["token_ids"], c["token_ids"])) if x != y),
+                 min(len(b["token_ids"]), len(c["token_ids"])))
+        diffs += [abs(x - y) for x, y in zip(b["logprobs"][:n], c["logprobs"][:n])]
+        kls += [k for tb, tc in zip(b["top"][:n], c["top"][:n]) if (k := _topk_kl(tb, tc)) is not None]
+    if not diffs:
+        return None
+    return LogprobDrift(mean=sum(diffs) / len(diffs), max=max(diffs),
+                        kl=sum(kls) / len(kls) if kls else None, tokens=len(diffs))
 
 
 def check_expect(expect: dict[str, Any], text: str) -> list[str]:
@@ -82,11 +135,15 @@ def request_failures(req: dict[str, Any], rec: dict[str, Any]) -> list[str]:
 
 def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: list[dict[str, Any]] | None,
             *, lossy: bool, tol: Tolerances, samples: dict[str, list[list[int]]] | None = None,
-            base_samples: dict[str, list[list[int]]] | None = None) -> Verdict:
+            base_samples: dict[str, list[list[int]]] | None = None,
+            scores: dict[str, dict[str, Any]] | None = None,
+            base_scores: dict[str, dict[str, Any]] | None = None) -> Verdict:
     """Judge a candidate's records against the baseline's (``base`` None: this *is* the baseline).
 
     ``samples``/``base_samples``: per sampled request, short samples drawn with fixed seeds; for a
     lossless candidate their first tokens must follow the baseline's distribution.
+    ``scores``/``base_scores``: teacher-forced log-probs of greedy outputs (``engine._score``);
+    reported for every candidate, gated by ``tol.max_logprob_drift`` for lossy ones.
     """
     by_id = {r["id"]: r for r in cand}
     base_by_id = {r["id"]: r for r in base} if base is not None else by_id
@@ -115,7 +172,11 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
         else:
             sampled += 1  # sampled outputs are judged by distribution, below
     mean_agree = sum(agreements) / len(agreements) if agreements else 1.0
-    gap = (1.0 - mean_agree) - budget
+    drift = logprob_drift(scores, base_scores) if base is not None and scores and base_scores else None
+    # A lossy config with log-probs is judged by them: its greedy tokens flip at near-ties (bfloat16
+    # vs float32: 30 of 32 outputs differ at a drift of 0.0025 nats/token), so token agreement would
+    # reject every lossy config. Without log-probs, token agreement is the gate.
+    gap = (1.0 - mean_agree) - budget if not (lossy and drift is not None) else 0.0
     if gap > 0:
         kind = "drift" if lossy else "greedy mismatch (speculation should be lossless)"
         reasons.append(f"{kind}: token agreement {mean_agree:.3f} < {1 - budget:.3f}; "
@@ -128,8 +189,25 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
             dist_gap = tol.alpha - dist_p
             reasons.append(f"sampled outputs differ in distribution from the baseline's (chi-square "
                            f"p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
-    constraints = (gap, float(regressions), float(len(incomplete)), dist_gap)
-    return Verdict(passed=not reasons, reason="; ".join(reasons) or "ok", greedy_requests=greedy,
+    lp_gap, lp_note = 0.0, ""
+    if drift is not None:
+        detail = f"max {drift.max:.3g}" + (f", top-k KL {drift.kl:.3g}" if drift.kl is not None else "") + \
+            f", {drift.tokens} tokens"
+        lp_note = f"log-prob drift {drift.mean:.3g} nats/token ({detail})"
+        if lossy and drift.mean > tol.max_logprob_drift:
+            lp_gap = drift.mean - tol.max_logprob_drift
+            reasons.append(f"log-prob drift {drift.mean:.3g} nats/token > {tol.max_logprob_drift:g} ({detail})")
+    constraints = (gap, float(regressions), float(len(incomplete)), dist_gap, lp_gap)
+    reason = "; ".join(reasons) or "ok"
+    if lossy and lp_note and not lp_gap:  # within budget, still worth seeing (beside a token drift, say)
+        reason += f"{'; ' if reasons else ', '}{lp_note} within {tol.max_logprob_drift:g}" + \
+            (f" (token agreement {mean_agree:.3f}, {greedy - identical}/{greedy} greedy outputs differ)"
+             if identical < greedy else "")
+    return Verdict(passed=not reasons, reason=reason, greedy_requests=greedy,
                    greedy_identical=identical, token_agreement=mean_agree, first_divergence=first,
                    expect_failed=expect_failed, expect_regressions=regressions, sampled_requests=sampled,
-                   distribution_p=dist_p, distribution_samples=n_draws, budget=budget, constraints=constraints)
+                   distribution_p=dist_p, distribution_samples=n_draws,
+                   logprob_drift=None if drift is None else drift.mean,
+                   logprob_drift_max=None if drift is None else drift.max,
+                   logprob_kl=None if drift is None else drift.kl, logprob_tokens=0 if drift is None else drift.tokens,
+                   budget=budget, constraints=constraints)

@@ -5,6 +5,8 @@ from autotune.candidate import Candidate, Settings
 from autotune.errors import BadInput
 from autotune.space import load_space, parse_space
 
+from conftest import ROOT
+
 
 def test_cpu_space_resolves_for_cpu_with_a_draft():
     s = load_space("cpu", platform="cpu", models={"draft_model"})
@@ -43,7 +45,7 @@ def test_conditional_params_only_for_their_method():
 
 
 def test_engine_kwargs_from_candidate():
-    s = load_space("cpu", platform="cpu", models={"draft_model"}, tags={"cpu", "cpu-avx512"})
+    s = load_space("cpu", platform="cpu", models={"draft_model", "moe_layers"}, tags={"cpu", "cpu-avx512"})
     study = optuna.create_study()
     study.enqueue_trial({"method": "draft_model", "num_speculative_tokens": 3, "kv_cache_dtype": "fp8",
                          "dtype": "bfloat16", "quantization": "int8_per_channel_weight_only", "enforce_eager": True})
@@ -102,3 +104,14 @@ def test_fp8_kv_cache_only_on_cpus_with_avx512_or_amx():
     assert "kv_cache_dtype=fp8 (needs cpu-avx512 or cpu-amx or cuda; this is cpu)" in plain.dropped
     wide = load_space("cpu", platform="cpu", models=set(), tags={"cpu", "cpu-avx512"})
     assert next(p for p in wide.params if p.name == "kv_cache_dtype").choices == ("auto", "fp8")
+
+
+def test_int8_weight_only_only_for_moe_models(tmp_path):
+    # vLLM 0.32's CPU int8 weight-only quantizes MoE layers only: on a dense model it is a no-op.
+    dense = load_space("cpu", platform="cpu", models=Settings(model=str(ROOT / "autotune/demo/models/target"))
+                       .available_models(), tags={"cpu"})
+    assert next(p for p in dense.params if p.name == "quantization").choices == ("none",)
+    assert "quantization=int8_per_channel_weight_only (needs a mixture-of-experts model)" in dense.dropped
+    (tmp_path / "config.json").write_text('{"model_type": "mixtral", "num_local_experts": 8}')
+    moe = load_space("cpu", platform="cpu", models=Settings(model=str(tmp_path)).available_models(), tags={"cpu"})
+    assert "int8_per_channel_weight_only" in next(p for p in moe.params if p.name == "quantization").choices

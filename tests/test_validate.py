@@ -1,6 +1,6 @@
 import pytest
 
-from autotune.validate import Tolerances, agreement, check_expect, verdict
+from autotune.validate import Tolerances, agreement, check_expect, logprob_drift, verdict
 
 
 def rec(id, tokens, text="", finish="stop"):
@@ -78,3 +78,43 @@ def test_sampled_distribution_shift_fails_lossless_only():
     assert "differ in distribution" in bad.reason
     lossy = verdict(reqs, recs, recs, lossy=True, tol=Tolerances(), samples=shifted, base_samples=base)
     assert lossy.passed and lossy.distribution_p < 1e-6  # reported, gated by drift instead
+
+
+def score(tokens, logprobs, top=None):
+    return {"token_ids": tokens, "logprobs": logprobs, "top": top or [[[t, lp]] for t, lp in zip(tokens, logprobs)]}
+
+
+def test_logprob_drift_is_measured_on_the_shared_path_and_gates_lossy_only():
+    reqs = [req("a"), req("b")]
+    recs = [rec("a", [1, 2, 3]), rec("b", [4, 5])]
+    base_scores = {"a": score([1, 2, 3], [-0.1, -0.2, -0.3]), "b": score([4, 5], [-1.0, -2.0])}
+    # "b" was scored on another path from token 1 on: only its first token is comparable.
+    cand_scores = {"a": score([1, 2, 3], [-0.1, -0.4, -0.3]), "b": score([4, 9], [-1.6, -0.5])}
+    kw = dict(scores=cand_scores, base_scores=base_scores)
+    v = verdict(reqs, recs, recs, lossy=True, tol=Tolerances(max_logprob_drift=0.1), **kw)
+    assert v.logprob_tokens == 4 and v.logprob_drift == pytest.approx(0.2) and v.logprob_drift_max == pytest.approx(0.6)
+    assert not v.passed and "log-prob drift 0.2 nats/token > 0.1" in v.reason and v.constraints[4] == pytest.approx(0.1)
+    wide = verdict(reqs, recs, recs, lossy=True, tol=Tolerances(max_logprob_drift=0.5), **kw)
+    assert wide.passed and wide.reason.startswith("ok, log-prob drift 0.2") and wide.constraints[4] == 0
+    # A lossy config with log-probs is judged by them, not by tokens that flipped at a near-tie...
+    flipped = [rec("a", [1, 2, 3]), rec("b", [4, 9])]
+    moved = verdict(reqs, flipped, recs, lossy=True, tol=Tolerances(max_drift=0.0, max_logprob_drift=0.5), **kw)
+    assert moved.passed and "4 tokens) within 0.5 (token agreement 0.750, 1/2 greedy outputs differ)" in moved.reason
+    assert moved.constraints[0] == 0 and moved.constraints[4] == 0
+    # ...and without log-probs, token agreement is the gate.
+    unscored = verdict(reqs, flipped, recs, lossy=True, tol=Tolerances(max_drift=0.0, max_logprob_drift=0.5))
+    assert not unscored.passed and unscored.reason.startswith("drift: token agreement 0.750")
+    lossless = verdict(reqs, recs, recs, lossy=False, tol=Tolerances(max_logprob_drift=0.1), **kw)
+    assert lossless.passed and lossless.reason == "ok" and lossless.logprob_drift == pytest.approx(0.2)
+    # Not scored (an error on one side, or no scores at all): nothing measured, nothing gated.
+    none = verdict(reqs, recs, recs, lossy=True, tol=Tolerances(max_logprob_drift=0.0),
+                   scores={"a": {"token_ids": [1, 2, 3], "error": "ValueError: no"}}, base_scores=base_scores)
+    assert none.passed and none.logprob_drift is None and none.logprob_tokens == 0
+
+
+def test_topk_kl_is_zero_for_equal_distributions_and_positive_otherwise():
+    base = {"a": score([1], [-0.5], top=[[[1, -0.5], [2, -1.2], [3, -2.0]]])}
+    same = {"a": score([1], [-0.5], top=[[[1, -0.5], [2, -1.2], [7, -3.0]]])}
+    moved = {"a": score([1], [-0.9], top=[[[1, -0.9], [2, -0.6], [3, -2.0]]])}
+    assert logprob_drift(same, base).kl == pytest.approx(0.0, abs=1e-12)
+    assert logprob_drift(moved, base).kl > 0.05
