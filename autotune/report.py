@@ -63,7 +63,7 @@ class Chart:
 
 
 def _axis(metric: str) -> str:
-    better = {"maximize": "higher is better", "minimize": "lower is better"}.get(DIRECTIONS.get(metric, ""))
+    better = {"maximize": "higher is better", "minimize": "lower is better"}.get(DIRECTIONS.get(metric.split("@")[0], ""))
     return f"{metric} ({better})" if better else metric
 
 
