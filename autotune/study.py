@@ -84,20 +84,23 @@ def split_objective(name: str) -> tuple[str, str | None]:
 
 
 def normalize_objectives(names: tuple[str, ...], load: LoadPattern) -> tuple[tuple[str, ...], tuple[LoadPattern, ...]]:
-    """Objective names with their load level spelled out, and the extra levels a trial must measure."""
+    """Objective names with their load level spelled out, and the extra levels a trial must measure.
+
+    An objective at the study's own load is the plain metric name, however its level was spelled.
+    """
     out, extra = [], []
     for name in names:
         metric, level = split_objective(name)
-        if level is None or level == load.label:
-            out.append(metric)
-            continue
         try:
-            pattern = parse_load(level, seed=load.seed)
+            pattern = load if level is None else parse_load(level, seed=load.seed)
         except BadInput:
             raise BadInput(f"--objectives: {name!r}: expected METRIC@LEVEL with LEVEL a number (concurrency) "
                            f"or a load pattern (concurrency=N, batch, poisson=R)") from None
+        if pattern.label == load.label:
+            out.append(metric)
+            continue
         out.append(f"{metric}@{pattern.label}")
-        if pattern.label != load.label and pattern not in extra:
+        if pattern not in extra:
             extra.append(pattern)
     return tuple(out), tuple(extra)
 
@@ -391,7 +394,6 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
     m = measure_run(outcome.raw)
     m["goodput"] = min(goodput(w["requests"], cfg.slos) for w in outcome.raw["windows"])
     m["remeasured_windows"] = max(0, m["windows"] - cfg.repeats)
-    m.update(at_level(m, cfg.load.label))
     for level in cfg.extra_loads:  # every level's metrics under objective names (metric@level)
         at = measure_run({"windows": outcome.raw["levels"][level.label]})
         m.update(at_level(at, level.label))

@@ -191,3 +191,12 @@ def test_bad_objective_levels_are_bad_input():
         validate_objectives(("speed@8",))
     with pytest.raises(BadInput, match="'output_tok_s@fast': expected METRIC@LEVEL"):
         normalize_objectives(("output_tok_s@fast",), parse_load("concurrency=1"))
+
+
+def test_an_objective_at_the_studys_own_load_is_the_plain_metric():
+    from autotune.load import parse_load
+    from autotune.study import normalize_objectives
+
+    for spelled in ("output_tok_s@2", "output_tok_s@concurrency=2", "output_tok_s"):
+        assert normalize_objectives((spelled,), parse_load("concurrency=2")) == (("output_tok_s",), ())
+    assert normalize_objectives(("e2e_ms_p50@poisson=2.0",), parse_load("poisson=2")) == (("e2e_ms_p50",), ())
