@@ -128,10 +128,11 @@ def _quiet_optuna() -> None:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
-def _mark_interrupted(study: optuna.Study, t: FrozenTrial, why: str) -> None:
-    """Fail a RUNNING trial whose worker is gone, recording why, so that its candidate is retried."""
-    # Optuna has no public setter for a user attribute of a trial not in hand.
-    study._storage.set_trial_user_attr(t._trial_id, "failure", f"interrupted ({why})")
+def _mark_interrupted(study: optuna.Study, t: FrozenTrial | optuna.Trial, failure: str) -> None:
+    """Fail a RUNNING trial that was cut short (Ctrl-C, a dead worker), recording why. It is not
+    counted and not a duplicate: its candidate is measured again (``_retry_interrupted``)."""
+    # Optuna has no public setter for a user attribute of a trial not in hand (a FrozenTrial).
+    study._storage.set_trial_user_attr(t._trial_id, "failure", failure)
     study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
     study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
 
@@ -187,14 +188,14 @@ def _running(study: optuna.Study) -> list[FrozenTrial]:
 def _fail_stale(study: optuna.Study) -> int:
     """Fail RUNNING trials whose worker is gone: a dead pid on this host, or (RDB storages) no
     heartbeat for GRACE_S, wherever it ran. Live workers' trials are left alone. Returns how many."""
-    gone = [(t, "its worker process is gone") for t in dead_here(study)]
+    gone = [(t, "interrupted (its worker process is gone)") for t in dead_here(study)]
     if has_heartbeat(study._storage):
         # The query behind Optuna's fail_stale_trials; that function fails the trial first, after
         # which it can take no user attribute, so the reason could not be recorded.
         stale = set(study._storage._get_stale_trial_ids(study._study_id))
-        gone += [(t, "its worker stopped: no heartbeat") for t in _running(study) if t._trial_id in stale]
-    for t, why in gone:
-        _mark_interrupted(study, t, why)
+        gone += [(t, "interrupted (its worker stopped: no heartbeat)") for t in _running(study) if t._trial_id in stale]
+    for t, failure in gone:
+        _mark_interrupted(study, t, failure)
     return len(gone)
 
 
@@ -376,9 +377,7 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
             outcome = run_trial(job, workdir, timeout_s=cfg.trial_timeout_s, env=env, stop=stop,
                                 on_event=lambda e: progress.trial_event(n, e))
     except KeyboardInterrupt:
-        trial.set_user_attr("failure", "interrupted by the user")
-        trial.set_user_attr("interrupted", True)  # not counted, not a duplicate: --resume measures it again
-        study.tell(trial, state=TrialState.FAIL)
+        _mark_interrupted(study, trial, "interrupted by the user")  # --resume measures it again
         raise
     trial.set_user_attr("wall_s", round(outcome.wall_s, 2))
     summary = _record(study, trial, cand, outcome, job["requests"], cfg, is_base)
