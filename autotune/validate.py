@@ -58,11 +58,16 @@ class Verdict:
         return asdict(self)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens the two sequences share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
     """Common-prefix share of the longer sequence, and the first divergence (None if identical)."""
     if a == b:
         return 1.0, None
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    n = common_prefix(a, b)
     return n / max(len(a), len(b)), n
 
 
@@ -98,8 +103,7 @@ def logprob_drift(cand: dict[str, dict[str, Any]], base: dict[str, dict[str, Any
         b = base.get(rid)
         if b is None or "logprobs" not in b or "logprobs" not in c:
             continue  # not scored on one side (its error is kept in the raw run)
-        n = next((i for i, (x, y) in enumerate(zip(b["token_ids"], c["token_ids"])) if x != y),
-                 min(len(b["token_ids"]), len(c["token_ids"])))
+        n = common_prefix(b["token_ids"], c["token_ids"])
         diffs += [abs(x - y) for x, y in zip(b["logprobs"][:n], c["logprobs"][:n])]
         kls += [k for tb, tc in zip(b["top"][:n], c["top"][:n]) if (k := _topk_kl(tb, tc)) is not None]
     if not diffs:
