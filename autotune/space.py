@@ -193,11 +193,12 @@ def parse_space(data: Any, *, src: str, platform: str, models: set[str],
                        baseline=baseline, dropped=tuple(dropped))
 
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+# Package data (pyproject.toml), so an installed copy (wheel, pipx) has them too, not only a checkout.
+SPACES_DIR = Path(__file__).resolve().parent / "search_spaces"
 
 
 def bundled_spaces() -> dict[str, Path]:
-    """Spaces shipped in the repository's ``search_spaces/``, by name."""
+    """Spaces shipped in the package's ``autotune/search_spaces/``, by name."""
     return {f.stem: f for f in sorted(SPACES_DIR.glob("*.yaml"))}
 
 
