@@ -147,8 +147,20 @@ def examples(n: int, *, seed: int, domains: tuple[str, ...] = tuple(GENERATORS))
 # Training mix: the edit tasks teach the model to copy from its prompt, which is what makes
 # its output predictable by prompt lookup (ngram) and by a small draft.
 TRAINING_MIX = ("json", "config", "json", "config", "logs", "support")
+TRAINING_SEED, TRAINING_DOCS = 12345, 120000  # what scripts/train_demo_models.py trains on
 
 
 def documents(n: int, *, seed: int, domains: tuple[str, ...] = TRAINING_MIX) -> list[str]:
     """Training documents: prompt, completion and the end-of-sequence marker."""
     return [e.prompt + e.completion + EOS for e in examples(n, seed=seed, domains=domains)]
+
+
+def fresh_examples(n: int, *, seed: int, domains: tuple[str, ...] = tuple(GENERATORS)) -> list[Example]:
+    """``n`` examples whose prompts the training set does not contain (a held-out set)."""
+    seen = {e.prompt for e in examples(TRAINING_DOCS, seed=TRAINING_SEED, domains=TRAINING_MIX)}
+    out: list[Example] = []
+    rng_seed = seed
+    while len(out) < n:
+        out += [e for e in examples(n, seed=rng_seed, domains=domains) if e.prompt not in seen][:n - len(out)]
+        rng_seed += 1_000_003
+    return out
