@@ -1,6 +1,13 @@
 """Compare a new study's pick with the deployed one (nightly CI): regression or not, and why.
 
-Reads two saved StudyReports (best.json); needs neither Optuna nor vLLM.
+Absolute tok/s moves by tens of percent between two runs on a shared machine, while ratios measured
+side by side in one run hold to a few percent. So the gate compares what one run measured:
+- the new study re-measured the deployed config (``search --warm-start``): the new pick against that
+  re-measurement, objective by objective, with the bootstrap interval of the ratio over windows;
+- otherwise: each pick's speedup over its own run's baseline, and the summary says that the
+  comparison spans two runs.
+The deployed config's drift (its speedup then and now) is reported beside, never judged on the old
+run's absolute numbers. Reads two saved StudyReports (best.json); needs neither Optuna nor vLLM.
 """
 
 from __future__ import annotations
@@ -10,17 +17,38 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune.errors import BadInput
-from autotune.metrics import DIRECTIONS
+from autotune.metrics import ratio_interval
+from autotune.objectives import direction
+
+SAME_RUN = "same run"
+TWO_RUNS = "two runs"
 
 
 @dataclass(frozen=True)
 class ObjectiveChange:
+    """One objective: the new pick over the deployed config, oriented so that > 1 is better."""
+
     name: str
     direction: str
-    old: float
-    new: float
-    change: float  # relative, signed so that negative is worse
+    deployed: float  # same run: the deployed config's value now; two runs: its speedup then
+    new: float  # same run: the new pick's value; two runs: its speedup now
+    ratio: float
+    lo: float | None  # 95% bootstrap interval of the ratio over windows (same run only)
+    hi: float | None
     regressed: bool
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The deployed config's throughput speedup over each run's own baseline, then and now."""
+
+    then: float
+    then_lo: float | None
+    then_hi: float | None
+    now: float
+    now_lo: float | None
+    now_hi: float | None
+    lost_gain: bool  # the intervals lie apart and the gain fell beyond the tolerance
 
 
 @dataclass(frozen=True)
@@ -31,6 +59,9 @@ class CheckResult:
     new_label: str | None
     old_label: str | None
     tolerance: float
+    basis: str  # SAME_RUN or TWO_RUNS
+    drift: Drift | None = None
+    notes: list[str] = field(default_factory=list)
     changed_context: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -55,46 +86,138 @@ def _context(report: dict[str, Any]) -> dict[str, Any]:
             "load": report.get("load")}
 
 
+def _finite(*xs: Any) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
+
+
+def _oriented(a: float, b: float, dirn: str) -> float:
+    """a over b, > 1 when a is better."""
+    return a / b if dirn == "maximize" else b / a
+
+
+def _nan_none(x: float) -> float | None:
+    return x if _finite(x) else None
+
+
+def _same_run(name: str, dirn: str, pick: dict[str, Any], dep: dict[str, Any], tol: float) -> ObjectiveChange | None:
+    n, d = pick.get(name), dep.get(name)
+    if not _finite(n, d) or n <= 0 or d <= 0:
+        return None
+    r = _oriented(n, d, dirn)
+    metric, _, level = name.partition("@")
+    windows = f"{metric}_windows" + (f"@{level}" if level else "")
+    nw, dw = pick.get(windows) or [], dep.get(windows) or []
+    lo, hi = ratio_interval(nw, dw) if dirn == "maximize" else ratio_interval(dw, nw)
+    return ObjectiveChange(name, dirn, d, n, r, _nan_none(lo), _nan_none(hi), r < 1 - tol)
+
+
+def _speedup_of(entry: dict[str, Any], base: dict[str, Any] | None, name: str, dirn: str) -> float:
+    m, b = entry["measurement"].get(name), (base or {}).get("measurement", {}).get(name)
+    return _oriented(m, b, dirn) if _finite(m, b) and m > 0 and b > 0 else float("nan")
+
+
+def _two_runs(name: str, dirn: str, new: dict[str, Any], old: dict[str, Any], tol: float) -> ObjectiveChange | None:
+    n = _speedup_of(new["best"], new.get("baseline"), name, dirn)
+    o = _speedup_of(old["best"], old.get("baseline"), name, dirn)
+    if not _finite(n, o):
+        return None
+    r = n / o
+    return ObjectiveChange(name, dirn, o, n, r, None, None, r < 1 - tol)
+
+
+def _drift(old_best: dict[str, Any], deployed: dict[str, Any], tol: float) -> Drift | None:
+    then, now = old_best.get("speedup") or {}, deployed.get("speedup") or {}
+    if not _finite(then.get("output_tok_s"), now.get("output_tok_s")):
+        return None
+    t_lo, n_hi = then.get("output_tok_s_lo"), now.get("output_tok_s_hi")
+    lost = _finite(t_lo, n_hi) and n_hi < t_lo and now["output_tok_s"] < then["output_tok_s"] * (1 - tol)
+    return Drift(then["output_tok_s"], _nan_none(then.get("output_tok_s_lo")), _nan_none(then.get("output_tok_s_hi")),
+                 now["output_tok_s"], _nan_none(now.get("output_tok_s_lo")), _nan_none(n_hi), bool(lost))
+
+
+def _interval(lo: float | None, hi: float | None) -> str:
+    return f" [{lo:.2f}-{hi:.2f}]" if lo is not None and hi is not None else ""
+
+
+def _reason(c: ObjectiveChange, basis: str, tolerance: float) -> str:
+    if basis == SAME_RUN:
+        return (f"{c.name}: the new pick is {1 - c.ratio:.1%} worse than the deployed config measured in the same "
+                f"run ({c.deployed:.4g} -> {c.new:.4g}, ratio {c.ratio:.3f}{_interval(c.lo, c.hi)}), "
+                f"beyond the {tolerance:.0%} tolerance")
+    return (f"{c.name}: the new pick's speedup over its baseline is {1 - c.ratio:.1%} below the deployed config's "
+            f"in the old run ({c.deployed:.2f}x -> {c.new:.2f}x), beyond the {tolerance:.0%} tolerance")
+
+
 def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> CheckResult:
-    """Is ``new``'s best at least as good as ``old``'s, within ``tolerance``, and correct?"""
-    reasons: list[str] = []
-    nb, ob = new.get("best"), old.get("best")
+    """Is ``new``'s pick at least as good as the deployed one (``old``'s), within ``tolerance``, and correct?"""
+    ob, nb = old.get("best"), new.get("best")
     if ob is None:
         raise BadInput("--against: the old results have no chosen configuration to compare with")
-    changes: list[ObjectiveChange] = []
+    reasons: list[str] = []
+    notes: list[str] = []
     if nb is None:
         reasons.append("the new study found no feasible (correct) configuration")
     elif not nb["verdict"]["passed"]:
         reasons.append(f"the new pick failed its correctness checks: {nb['verdict']['reason']}")
+    dep = new.get("deployed")
+    if dep is not None and any(dep.get("candidate", {}).get(k) != v for k, v in ob.get("candidate", {}).items()):
+        notes.append(f"the re-measured config ({dep['label']}) differs from the deployed one ({ob['label']}): "
+                     "its space lacks some of the deployed knobs")
+    if dep is not None and "measurement" not in dep:
+        notes.append(f"the deployed config failed in this run: {dep.get('failure')}")
+        dep = None
+    basis = SAME_RUN if dep is not None else TWO_RUNS
+    if basis == TWO_RUNS:
+        notes.append("the deployed config was not re-measured in this run (no --warm-start, or outside the space): "
+                     "the comparison spans two runs, on each pick's speedup over its own run's baseline")
+    changes: list[ObjectiveChange] = []
+    drift = None
     if nb is not None:
-        for name in old.get("objectives") or []:
-            direction = DIRECTIONS.get(name)
-            o, n = ob["measurement"].get(name), nb["measurement"].get(name)
-            if direction is None or o is None or n is None or not (math.isfinite(o) and math.isfinite(n)) or o == 0:
+        for name in new.get("objectives") or old.get("objectives") or []:
+            dirn = direction(name)
+            if dirn is None:
                 continue
-            change = (n - o) / abs(o) * (1 if direction == "maximize" else -1)
-            regressed = change < -tolerance
-            changes.append(ObjectiveChange(name, direction, o, n, change, regressed))
-            if regressed:
-                reasons.append(f"{name} is {abs(change):.1%} worse ({o:.4g} -> {n:.4g}), beyond the {tolerance:.0%} tolerance")
+            c = (_same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance) if dep is not None
+                 else _two_runs(name, dirn, new, old, tolerance))
+            if c is None:
+                notes.append(f"{name}: not measured on both sides, not compared")
+                continue
+            changes.append(c)
+            if c.regressed:
+                reasons.append(_reason(c, basis, tolerance))
+    if dep is not None:
+        drift = _drift(ob, dep, tolerance)
+        if drift is not None and drift.lost_gain:
+            notes.append(f"the deployed config lost gain since the old run: {drift.then:.2f}x"
+                         f"{_interval(drift.then_lo, drift.then_hi)} then, {drift.now:.2f}x"
+                         f"{_interval(drift.now_lo, drift.now_hi)} now (speedups over each run's own baseline)")
     ctx_new, ctx_old = _context(new), _context(old)
     changed = {k: (ctx_old[k], ctx_new[k]) for k in ctx_new if ctx_new[k] != ctx_old[k]}
     return CheckResult(ok=not reasons, reasons=reasons, objectives=changes,
                        new_label=nb["label"] if nb else None, old_label=ob["label"], tolerance=tolerance,
-                       changed_context=changed)
+                       basis=basis, drift=drift, notes=notes, changed_context=changed)
 
 
 def markdown(r: CheckResult) -> str:
     """A short Markdown summary (for $GITHUB_STEP_SUMMARY)."""
     head = "## autotune check: " + ("no regression" if r.ok else "REGRESSION")
-    lines = [head, "", f"Deployed: `{r.old_label}`; new pick: `{r.new_label}`; tolerance {r.tolerance:.0%}.", ""]
+    how = ("the new pick against the deployed config, both measured in the new run" if r.basis == SAME_RUN else
+           "each pick's speedup over its own run's baseline; **the comparison spans two runs**")
+    lines = [head, "", f"Deployed: `{r.old_label}`; new pick: `{r.new_label}`; tolerance {r.tolerance:.0%}.",
+             f"Compared: {how}.", ""]
     if r.objectives:
-        lines += ["| objective | deployed | new | change |", "|---|---|---|---|"]
+        cols = ("deployed now", "new pick") if r.basis == SAME_RUN else ("deployed speedup then", "new speedup now")
+        lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better) |", "|---|---|---|---|"]
         for c in r.objectives:
-            lines.append(f"| {c.name} ({c.direction}) | {c.old:.4g} | {c.new:.4g} | "
-                         f"{c.change:+.1%}{' **worse**' if c.regressed else ''} |")
+            lines.append(f"| {c.name} ({c.direction}) | {c.deployed:.4g} | {c.new:.4g} | "
+                         f"{c.ratio:.3f}{_interval(c.lo, c.hi)}{' **worse**' if c.regressed else ''} |")
         lines.append("")
+    if r.drift is not None:
+        d = r.drift
+        lines += [f"Deployed config's speedup over its run's baseline: {d.then:.2f}x{_interval(d.then_lo, d.then_hi)} "
+                  f"then, {d.now:.2f}x{_interval(d.now_lo, d.now_hi)} now.", ""]
     lines += [f"- {x}" for x in r.reasons]
+    lines += [f"- note: {x}" for x in r.notes]
     for k, (o, n) in r.changed_context.items():
         lines.append(f"- note: {k} changed: `{o}` -> `{n}`")
     return "\n".join(lines) + "\n"

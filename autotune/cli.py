@@ -2,26 +2,59 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
     TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
 from autotune import __version__
 from autotune.errors import AutotuneError, BadInput
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
-                  help="Find the fastest [b]correct[/b] vLLM configuration for your own workload.")
 console = Console()
 err = Console(stderr=True)
 _verbose = False
+# Piped, or in a CI log, Rich would wrap at 80 columns mid-record ("e2e p50\n505 ms"); there a
+# line is as long as its record (COLUMNS, where set, still wins).
+PIPE_WIDTH = 1000
+WORKER_LOG_TAIL = 20  # lines of a failed trial's worker.log shown with --verbose
+
+
+def _signals() -> tuple[type[BaseException], ...]:
+    # Typer's own exits and usage errors; before Typer 0.24 its usage errors were click's.
+    base = getattr(typer, "TyperException", None)
+    if base is None:
+        from click import ClickException as base
+    return typer.Exit, typer.Abort, base
+
+
+class _Edge(TyperGroup):
+    """Every command's errors become exit codes here, the one edge: an AutotuneError is its one
+    line (exit 2 for bad input), anything else an internal error (exit 1); --verbose adds the traceback."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AutotuneError as e:
+            _fail(e)
+        except Exception as e:
+            if isinstance(e, _signals()) or getattr(e, "errno", None) == errno.EPIPE:
+                raise
+            _internal(e)
+
+
+app = typer.Typer(cls=_Edge, add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Find the fastest [b]correct[/b] vLLM configuration for your own workload.")
 
 
 def _version(value: bool) -> None:
@@ -37,18 +70,45 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
           ) -> None:
     global _verbose
     _verbose = verbose
+    for c in (console, err):
+        _fit(c)
+
+
+def _fit(c: Console) -> None:
+    """A terminal's own width; elsewhere (a pipe, a file, a CI log) lines that do not wrap."""
+    columns = os.environ.get("COLUMNS", "")
+    c.width = int(columns) if columns.isdigit() else (None if c.is_terminal else PIPE_WIDTH)  # type: ignore[assignment]
 
 
 def _fail(e: AutotuneError) -> None:
+    if _verbose:  # called in the except block: the traceback is the one being handled
+        traceback.print_exc(file=err.file)
     err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
     raise typer.Exit(e.exit_code) from None
 
 
-class _RichProgress:
-    """Draws the study: one bar over trials (with ETA), the running trial's phase in its label."""
+def _internal(e: Exception) -> None:
+    """An exception no module meant for the user: a bug. One line (where it was raised), or with
+    --verbose the whole traceback."""
+    if _verbose:
+        traceback.print_exc(file=err.file)
+        hint = ""
+    else:
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        hint = f" (at {Path(last.filename).name}:{last.lineno} in {last.name}; --verbose shows the traceback)"
+    err.print(f"[red]error:[/red] internal error: {escape(f'{type(e).__name__}: {e}{hint}')}", highlight=False,
+              soft_wrap=True)
+    raise typer.Exit(1) from None
 
-    def __init__(self, progress: Progress, task: Any) -> None:
-        self.p, self.task, self.label = progress, task, ""
+
+class _RichProgress:
+    """Draws the study: one bar over trials (with ETA), the running trial's phase in its label.
+
+    ``logs``: the study's results folder, to show a failed trial's worker.log (--verbose).
+    """
+
+    def __init__(self, progress: Progress, task: Any, logs: Path | None = None) -> None:
+        self.p, self.task, self.label, self.logs = progress, task, "", logs
 
     def trial_started(self, number: int, label: str) -> None:
         self.label = f"trial {number}: {label}"
@@ -64,8 +124,25 @@ class _RichProgress:
             self.p.update(self.task, description=f"{self.label} [dim]{text}")
 
     def trial_finished(self, number: int, label: str, summary: str) -> None:
-        self.p.console.print(f"trial {number:>3} {label:<40} {summary}", highlight=False)
+        # soft_wrap: a trial is one line, however long its failure reason (a log greps by trial).
+        self.p.console.print(f"trial {number:>3} {label:<40} {summary}", highlight=False, markup=False,
+                             soft_wrap=True)
+        if self.logs is not None and summary.startswith("failed"):
+            from autotune.study import trial_dir
+            from autotune.worker import WORKER_LOG
+
+            self._show_log(trial_dir(self.logs, number) / WORKER_LOG)
         self.p.advance(self.task)
+
+    def _show_log(self, path: Path) -> None:
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-WORKER_LOG_TAIL:]
+        except OSError as e:
+            lines = [f"(not readable: {e.strerror})"]
+        self.p.console.print(f"  worker log: {path} (last {len(lines)} lines)", highlight=False, markup=False,
+                             soft_wrap=True)
+        for line in lines:
+            self.p.console.print(f"  | {line}", style="dim", highlight=False, markup=False, soft_wrap=True)
 
 
 def _float_or_nan(x: Any, fmt: str) -> str:
@@ -81,7 +158,8 @@ def pareto_table(report: dict[str, Any]) -> Table:
     """The Pareto front with each config's speedup over the baseline."""
     t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})")
     for col in ("trial", "config", "tok/s", "speedup", "e2e p50 ms", "tpot p50 ms", "accept", "verdict"):
-        t.add_column(col, justify="right" if col not in ("config", "verdict") else "left")
+        # fold, not "draft_…": a narrow terminal breaks a long config or number, never cuts it short.
+        t.add_column(col, justify="right" if col not in ("config", "verdict") else "left", overflow="fold")
     rows = ([report["baseline"]] if report.get("baseline") else []) + \
         [e for e in report["pareto"] if not report.get("baseline") or e["trial"] != report["baseline"]["trial"]]
     best = (report.get("best") or {}).get("trial")
@@ -93,6 +171,26 @@ def pareto_table(report: dict[str, Any]) -> Table:
                   _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + _interval(s), _float_or_nan(m["e2e_ms_p50"], ".0f"),
                   _float_or_nan(m["tpot_ms_p50"], ".1f"), _float_or_nan(m.get("acceptance_rate"), ".2f"),
                   "ok" if e["verdict"]["passed"] else e["verdict"]["reason"])
+    return t
+
+
+_TURNS_HELP = ("Multi-turn requests: 'first' sends the first turn only, 'all' replays every turn as a "
+               "conversation, each after the model's own answer. Default: first for question files, all for "
+               "native 'turns'.")
+
+
+def category_table(entry: dict[str, Any]) -> Table:
+    """A report entry's speedup over the baseline by request category, biggest gain first."""
+    from autotune.results import category_table as rows
+
+    t = Table(title=f"By category: trial {entry['trial']} {entry['label']} against the baseline")
+    for col in ("category", "requests", "tok/s", "speedup", "tpot p50 ms", "tpot speedup", "accepted len", "accept"):
+        t.add_column(col, justify="left" if col == "category" else "right")
+    for r in rows(entry):
+        t.add_row(r["category"], str(r["requests"]), _float_or_nan(r["output_tok_s"], ".1f"),
+                  _float_or_nan(r["speedup"], ".2f") + "x", _float_or_nan(r["tpot_ms_p50"], ".1f"),
+                  _float_or_nan(r["tpot_speedup"], ".2f") + "x", _float_or_nan(r["mean_accepted_length"], ".2f"),
+                  _float_or_nan(r["acceptance_rate"], ".2f"))
     return t
 
 
@@ -109,9 +207,12 @@ def search(
     space: Annotated[Optional[str], typer.Option(help="Search space: bundled name (cpu, gpu, quick) or YAML file. "
                                                       "Default: the platform's.", envvar="AUTOTUNE_SPACE")] = None,
     format: Annotated[str, typer.Option("--format", help="Workload format: auto, native, openai-batch, sharegpt, "
-                                                        "vllm-bench.")] = "auto",
+                                                        "vllm-bench, questions (Spec-Bench, MT-Bench).")] = "auto",
     output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none "
                                                               "(vllm-bench files carry prompts only).")] = None,
+    turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
+    drop_too_long: Annotated[bool, typer.Option(help="Leave out requests whose prompt + max_tokens exceed the "
+                                                     "model's context (default: refuse them, exit 2).")] = False,
     trials: Annotated[int, typer.Option(min=1, help="Trials to finish, the baseline included.")] = 8,
     study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
@@ -143,6 +244,10 @@ def search(
     max_logprob_drift: Annotated[float, typer.Option(min=0, help="Allowed mean |log-prob change| (nats/token) of the "
                                                             "baseline's greedy tokens for lossy configs; where "
                                                             "log-probs are measured it replaces --max-drift.")] = 0.05,
+    lossy_min_gain: Annotated[float, typer.Option(min=0, help="Lossless first: a lossy pick (KV dtype, dtype, "
+                                                              "quantization) must beat the best lossless config by "
+                                                              "more than this share, its 95% interval above it; "
+                                                              "else the lossless config is the pick.")] = 0.03,
     samples: Annotated[int, typer.Option(min=0, help="Draws per sampled request for the distribution test "
                                                     "against the baseline (0: skip the test).")] = 64,
     seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
@@ -152,7 +257,8 @@ def search(
         envvar="AUTOTUNE_WARM_START")] = None,
     try_: Annotated[Optional[list[str]], typer.Option(
         "--try", help="A config to measure first, as JSON of space parameters, e.g. "
-                      "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'. Repeatable.")] = None,
+                      "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'; knobs left out take the "
+                      "space's baseline values (kv_cache_dtype, quantization, ...). Repeatable.")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model repos to run their own code.")] = False,
     workers: Annotated[int, typer.Option(min=1, envvar="AUTOTUNE_WORKERS",
                                          help="Trials run in parallel, each on its own share of this host's "
@@ -175,15 +281,17 @@ def search(
 def _search(**o: Any) -> None:
     from autotune import demo, devices, hardware
     from autotune.candidate import Settings
+    from autotune.context import fit_model
     from autotune.load import parse_load
     from autotune.results import write_results
     from autotune.slo import parse_slos
     from autotune.space import load_space
-    from autotune.study import StudyConfig, normalize_objectives, run_study, validate_objectives
+    from autotune.objectives import normalize_objectives, validate_objectives
+    from autotune.study import StudyConfig, run_study
     from autotune.validate import Tolerances
     from autotune.workload import load_workload
 
-    wl = load_workload(o["workload"], format=o["format"], output_len=o["output_len"])
+    wl = load_workload(o["workload"], format=o["format"], output_len=o["output_len"], turns=o["turns"])
     load = parse_load(o["load"] or f"concurrency={o['concurrency']}", seed=o["seed"])
     if load.kind == "replay" and any(r.arrival_s is None for r in wl.requests):
         missing = next(r.id for r in wl.requests if r.arrival_s is None)
@@ -205,12 +313,16 @@ def _search(**o: Any) -> None:
                         trust_remote_code=o["trust_remote_code"])
     sp = load_space(o["space"] or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
                     models=settings.available_models(), tags=hardware.platform_tags(platform))
+    fitted = fit_model(wl, model=model, max_model_len=max_len, tokenizer=settings.tokenizer,
+                       trust_remote_code=o["trust_remote_code"], drop=o["drop_too_long"])
+    wl = fitted.workload
     name = o["study"] or Path(o["workload"]).stem
     out = o["results"] / name
     cfg = StudyConfig(name=name, results_dir=out, settings=settings, objectives=objectives, n_trials=o["trials"],
                       storage=o["storage"], load=load, extra_loads=extra_loads, repeats=o["repeats"],
                       max_repeats=o["max_repeats"], warmup=o["warmup"], slos=parse_slos(o["slo"]),
                       trial_timeout_s=o["trial_timeout"], seed=o["seed"], samples=o["samples"],
+                      lossy_min_gain=o["lossy_min_gain"],
                       tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"],
                                             max_logprob_drift=o["max_logprob_drift"]),
                       # A test hook: CLI-level orchestration tests name the FAKE engine here.
@@ -222,15 +334,27 @@ def _search(**o: Any) -> None:
                   highlight=False)
     for note in sp.dropped:
         say.print(f"  [dim]left out: {note}[/dim]", highlight=False)
+    if fitted.warning:
+        from rich.markup import escape as plain
+
+        say.print(f"[yellow]warning:[/yellow] {plain(fitted.warning)}", highlight=False)
+    if fitted.dropped:
+        say.print(f"--drop-too-long: dropped {len(fitted.dropped)} request(s) over the context of {fitted.context} "
+                  f"tokens, e.g. {fitted.dropped[0]}; {len(wl.requests)} left", highlight=False)
     enqueue = [_parse_try(t, sp) for t in o["try_"] or []]
+    deployed = None
     if o["warm_start"] is not None:
-        enqueue += _warm_start(o["warm_start"], sp, settings, wl.path)
+        deployed, more = _warm_start(o["warm_start"], sp, settings, wl.path, say)
+        enqueue += more
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=say, transient=True) as progress:
         task = progress.add_task("starting", total=cfg.n_trials)
-        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task), resume=o["resume"], enqueue=enqueue,
-                       worker_envs=envs)
+        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task, out if _verbose else None),
+                       resume=o["resume"], enqueue=enqueue,
+                       deployed=deployed, worker_envs=envs)
+    if o["warm_start"] is not None:
+        st.set_user_attr("warm_start", {"from": str(o["warm_start"])})
     report = write_results(st, out, settings=settings, platform=hardware.describe(), objectives=list(objectives),
                            storage_url=cfg.storage_url)
     if o["json_"]:
@@ -239,12 +363,16 @@ def _search(**o: Any) -> None:
             raise typer.Exit(1)
         return
     say.print(pareto_table(report))
+    if (report.get("best") or {}).get("speedup_by_category"):
+        say.print(category_table(report["best"]))
     if report.get("best"):
         b = report["best"]
         say.print(f"best: trial {b['trial']} [b]{b['label']}[/b] at "
                       f"{b['speedup']['output_tok_s']:.2f}x{_interval(b['speedup'])} the baseline's output tok/s "
                       f"(95% bootstrap interval over windows); verdict {b['verdict']['reason']}",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
+        if report.get("lossless_first"):
+            say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)
         say.print(f"serve it: {out / 'serve.sh'}", highlight=False)
     say.print(f"results: {out}/ (trials.csv, trials.parquet, pareto.csv, best.json, serve.sh, report.md); "
               f"plots: autotune report {out}", highlight=False)
@@ -252,27 +380,37 @@ def _search(**o: Any) -> None:
         raise typer.Exit(1)
 
 
-def _warm_start(path: Path, space: Any, settings: Any, workload: str) -> list[dict[str, Any]]:
-    """The old pick and Pareto set as parameter sets to enqueue; report what changed since."""
+def _warm_start(path: Path, space: Any, settings: Any, workload: str, say: Console
+                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The old pick (re-measured first, as the deployed config) and the rest of its Pareto set, as
+    parameter sets; report what changed since. Knobs the old results do not name take the space's
+    baseline values, so the re-measured config is the deployed one, not a sampler's variation."""
     from autotune import hardware
     from autotune.results import load_report
 
     old = load_report(path)
     names = {p.name for p in space.params}
+    methods = next(x.choices for x in space.params if x.name == "method")
     picks = ([old["best"]] if old.get("best") else []) + list(old.get("pareto") or [])
     params: list[dict[str, Any]] = []
     for e in picks:
-        p = {k: v for k, v in e["candidate"].items() if k in names}
-        if p not in params and p.get("method", "none") in next(x.choices for x in space.params if x.name == "method"):
+        p = {**space.baseline_trial_params(), **{k: v for k, v in e["candidate"].items() if k in names}}
+        if p not in params and p.get("method", "none") in methods:
             params.append(p)
+    deployed = params.pop(0) if params and old.get("best") and \
+        old["best"]["candidate"].get("method", "none") in methods else None
     then = {"vLLM": old.get("vllm_version"), "model": ((old.get("best") or {}).get("engine_kwargs") or {}).get("model"),
             "workload": old.get("workload")}
     now = {"vLLM": hardware.vllm_version(), "model": settings.model, "workload": workload}
     for k in then:
         if then[k] != now[k]:
-            console.print(f"[yellow]warm start:[/yellow] {k} changed since {path}: {then[k]} -> {now[k]}", highlight=False)
-    console.print(f"warm start: re-measuring {len(params)} config(s) from {path} first", highlight=False)
-    return params
+            say.print(f"[yellow]warm start:[/yellow] {k} changed since {path}: {then[k]} -> {now[k]}", highlight=False)
+    if deployed is None and old.get("best"):
+        say.print(f"[yellow]warm start:[/yellow] the deployed config ({old['best']['label']}) is outside space "
+                  f"'{space.name}': `autotune check` will compare speedups across the two runs", highlight=False)
+    say.print(f"warm start: re-measuring {len(params) + (deployed is not None)} config(s) from {path} first",
+              highlight=False)
+    return deployed, params
 
 
 def _parse_try(text: str, space: Any) -> dict[str, Any]:
@@ -284,7 +422,8 @@ def _parse_try(text: str, space: Any) -> dict[str, Any]:
     if not isinstance(params, dict) or set(params) - names:
         bad = sorted(set(params) - names)[0] if isinstance(params, dict) else params
         raise BadInput(f"--try: key {bad!r}: expected parameters of space '{space.name}' ({', '.join(sorted(names))})")
-    return params
+    # The config given, not a sampler's variation of it: knobs left out take the baseline's values.
+    return {**space.baseline_trial_params(), **params}
 
 
 FORMATS = ("command", "yaml", "json")
@@ -401,50 +540,107 @@ app.add_typer(workload_app, name="workload")
 
 
 @workload_app.command("inspect", epilog="Examples:\n\n  autotune workload inspect examples/json_edit.jsonl\n\n"
-                      "  autotune workload inspect batch.jsonl --format openai-batch --json")
+                      "  autotune workload inspect batch.jsonl --format openai-batch --json\n\n"
+                      "  autotune workload inspect question.jsonl --model meta-llama/Llama-3.1-8B-Instruct "
+                      "--max-model-len 4096")
 def workload_inspect(
     file: Annotated[Path, typer.Argument(help="Workload file.")],
-    format: Annotated[str, typer.Option("--format", help="auto, native, openai-batch, sharegpt, vllm-bench.")] = "auto",
+    format: Annotated[str, typer.Option("--format", help="auto, native, openai-batch, sharegpt, vllm-bench, "
+                                                        "questions.")] = "auto",
     output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none.")] = None,
+    turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
+    model: Annotated[Optional[str], typer.Option(help="Count prompt tokens with this model's tokenizer. Default: "
+                                                      "the bundled demo model.", envvar="AUTOTUNE_MODEL")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(min=1, help="The context to check prompts against "
+                                                                   "(default: the model's).")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow the model repo's own tokenizer code.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Request count, prompt/output lengths, sampling mix, arrivals, and whether ngram lookup may help."""
+    """Request count, prompt/output lengths (in the model's tokens), sampling mix, arrivals, categories,
+    prompts over the context, and whether ngram lookup may help."""
+    from autotune import demo
+    from autotune.context import load_tokenizer, model_context
     from autotune.inspection import summarize
     from autotune.workload import load_workload
 
     try:
-        info = summarize(load_workload(file, format=format, output_len=output_len))
+        wl = load_workload(file, format=format, output_len=output_len, turns=turns)
+        tok, context = None, None
+        if model is None and demo.available():
+            model, max_model_len = str(demo.TARGET), max_model_len or demo.MAX_MODEL_LEN
+        if model is not None:
+            try:
+                tok = load_tokenizer(model, trust_remote_code=trust_remote_code)
+                context = model_context(model, max_model_len)
+            except Exception as e:  # noqa: BLE001 - lengths in words instead, and say why
+                from rich.markup import escape as plain
+
+                err.print(f"[yellow]warning:[/yellow] could not load the tokenizer of {plain(model)} "
+                          f"({plain(f'{type(e).__name__}: {str(e)[:160]}')}); lengths in words", highlight=False)
+        info = summarize(wl, tokenizer=tok, context=context)
+        info["tokenizer"] = model if tok is not None else None
     except AutotuneError as e:
         _fail(e)
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return
+    console.print(_inspect_table(info))
+    if info["categories"]:
+        console.print(_categories_table(info))
+
+
+def _dist_text(d: dict[str, float]) -> str:
+    return f"p50 {d['p50']:.3g}  p90 {d['p90']:.3g}  min {d['min']:.3g}  max {d['max']:.3g}"
+
+
+def _inspect_table(info: dict[str, Any]) -> Table:
     t = Table(title=f"{info['file']}: {info['requests']} requests", show_header=False)
+    if info["prompt_tokens"] is not None:
+        t.add_row("prompt tokens", _dist_text(info["prompt_tokens"]) + f"  ({info['tokenizer']})")
     for key in ("prompt_words", "prompt_chars", "max_tokens", "prompt_repetition"):
-        d = info[key]
-        t.add_row(key.replace("_", " "), f"p50 {d['p50']:.3g}  p90 {d['p90']:.3g}  min {d['min']:.3g}  max {d['max']:.3g}")
+        t.add_row(key.replace("_", " "), _dist_text(info[key]))
     t.add_row("sampling", f"{info['greedy']} greedy, {info['sampled']} sampled ({info['seeded']} seeded)")
-    t.add_row("chat requests", str(info["chat_requests"]))
+    t.add_row("chat requests", f"{info['chat_requests']} ({info['multi_turn_requests']} multi-turn)")
     t.add_row("with expectations", str(info["with_expectations"]))
     a = info["arrivals"]
     t.add_row("arrivals", "none (replayed closed-loop)" if a is None else
               f"{a['timed']} timed over {a['span_s']:.1f} s")
     t.add_row("ngram lookup", f"{info['ngram_hint']} ({info['edit_like_requests']} edit-like requests)")
-    console.print(t)
+    if info["too_long"] is not None:
+        bad = info["too_long"]
+        t.add_row("over the context", f"none (context {info['context']} tokens)" if not bad else
+                  f"[red]{len(bad)}[/red] over {info['context']} tokens, e.g. {bad[0]['id']!r} "
+                  f"({bad[0]['prompt_tokens']} prompt + {bad[0]['max_tokens']} max_tokens)")
+    return t
 
 
-@workload_app.command("convert", epilog="Examples:\n\n  autotune workload convert sharegpt.json -o workload.jsonl")
+def _categories_table(info: dict[str, Any]) -> Table:
+    unit = "tokens" if info["prompt_tokens"] is not None else "words"
+    t = Table(title="By category")
+    for col in ("category", "requests", "turns", f"prompt {unit} p50", f"prompt {unit} max", "max_tokens p50"):
+        t.add_column(col, justify="left" if col == "category" else "right")
+    for name, c in info["categories"].items():
+        d = c["prompt_tokens"] if unit == "tokens" else c["prompt_words"]
+        t.add_row(name, str(c["requests"]), str(c["turns"]), f"{d['p50']:.0f}", f"{d['max']:.0f}",
+                  f"{c['max_tokens']['p50']:.0f}")
+    return t
+
+
+@workload_app.command("convert", epilog="Examples:\n\n  autotune workload convert sharegpt.json -o workload.jsonl\n\n"
+                      "  autotune workload convert question.jsonl --turns all -o spec_bench.jsonl")
 def workload_convert(
     file: Annotated[Path, typer.Argument(help="Workload file in any supported format.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the native JSONL.")],
-    format: Annotated[str, typer.Option("--format", help="auto, native, openai-batch, sharegpt, vllm-bench.")] = "auto",
+    format: Annotated[str, typer.Option("--format", help="auto, native, openai-batch, sharegpt, vllm-bench, "
+                                                        "questions.")] = "auto",
     output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none.")] = None,
+    turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
 ) -> None:
     """Write a workload in the native JSONL form."""
     from autotune.workload import load_workload
 
     try:
-        wl = load_workload(file, format=format, output_len=output_len)
+        wl = load_workload(file, format=format, output_len=output_len, turns=turns)
     except AutotuneError as e:
         _fail(e)
     output.write_text("".join(json.dumps(r.to_json()) + "\n" for r in wl.requests))

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from autotune.workload import turn_id
 
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
@@ -53,11 +55,50 @@ def diff_counters(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
     return d
 
 
+def _render(engine: Any, messages: list[dict[str, str]]) -> str:
+    tok = engine.get_tokenizer()
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def _prompt_text(engine: Any, req: dict[str, Any]) -> str:
+    """The first (or only) prompt of a request, as text."""
     if "prompt" in req:
         return req["prompt"]
-    tok = engine.get_tokenizer()
-    return tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True)
+    return _render(engine, req["messages"] if "messages" in req else [{"role": "user", "content": req["turns"][0]}])
+
+
+Send = Callable[[dict[str, Any], list[dict[str, str]]], Awaitable[dict[str, Any]]]
+
+
+async def converse(req: dict[str, Any], send: Send) -> list[dict[str, Any]]:
+    """Replay a multi-turn request: each user turn is sent after the model's own answer to the
+    previous one (not a canned answer), so later turns see the context a real user's would.
+
+    ``send(turn_request, messages)`` runs one turn and returns its record. One record per turn, with
+    ids from ``autotune.workload.turn_id``; after a turn that failed, the rest are not sent and
+    carry that reason, so every turn has a record to judge.
+    """
+    messages: list[dict[str, str]] = []
+    records: list[dict[str, Any]] = []
+    for k, turn in enumerate(req["turns"]):
+        sub = {**req, "id": turn_id(req["id"], k)}
+        if records and (records[-1]["error"] or records[-1]["finish_reason"] not in ("stop", "length")):
+            now = time.perf_counter()
+            records.append({"id": sub["id"], "start": now, "end": now, "chunks": [], "token_ids": [], "text": "",
+                            "finish_reason": None, "prompt_tokens": None,
+                            "error": f"not sent: turn {k} did not finish ({records[-1]['error'] or 'no finish'})"})
+            continue
+        messages.append({"role": "user", "content": turn})
+        records.append(await send(sub, list(messages)))
+        messages.append({"role": "assistant", "content": records[-1]["text"]})
+    return records
+
+
+async def _request(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The records of one workload request: one, or one per turn of a conversation."""
+    if not req.get("turns") or len(req["turns"]) == 1:
+        return [await _one(engine, req, prompt, fault)]
+    return await converse(req, lambda sub, messages: _one(engine, sub, _render(engine, messages), fault))
 
 
 def inject_fault(sampling: dict[str, Any], fault: dict[str, Any] | None) -> dict[str, Any]:
@@ -99,6 +140,9 @@ async def _one(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, A
                 rec["prompt_token_ids"] = list(out.prompt_token_ids)  # vLLM's own tokenization, for _score
             if out.finished:
                 rec["finish_reason"] = comp.finish_reason
+                spec = getattr(comp, "spec_decode_metrics", None)  # set where _engine_args asked for it
+                if spec is not None:
+                    rec["spec_decode"] = spec.to_dict()
     except Exception as e:  # a request error is recorded; the run is then incomplete
         rec["error"] = f"{type(e).__name__}: {e}"
     rec["end"] = time.perf_counter()
@@ -119,17 +163,17 @@ async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], l
     t0 = time.perf_counter()
     done = 0
 
-    async def run(i: int) -> dict[str, Any]:
+    async def run(i: int) -> list[dict[str, Any]]:
         nonlocal done
         if offsets is not None:
             await asyncio.sleep(max(0.0, t0 + offsets[i] - time.perf_counter()))
-        async with sem:
-            rec = await _one(engine, reqs[i], prompts[i], fault)
+        async with sem:  # a conversation holds its slot through all its turns
+            recs = await _request(engine, reqs[i], prompts[i], fault)
         done += 1
         on_done(done)
-        return rec
+        return recs
 
-    return list(await asyncio.gather(*(run(i) for i in range(len(reqs)))))
+    return [rec for recs in await asyncio.gather(*(run(i) for i in range(len(reqs)))) for rec in recs]
 
 
 async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], replay: dict[str, Any],
@@ -215,6 +259,19 @@ async def _window(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], l
     return {"window_s": t1 - t0, "requests": records, "spec_counters": counters}
 
 
+def _engine_args(cls: Any, kwargs: dict[str, Any]) -> Any:
+    """The candidate's engine arguments plus what measuring needs (not part of the exported config):
+    vLLM's stats (the acceptance counters) and, with speculation where this vLLM has them, per-request
+    acceptance metrics (autotune.categories: acceptance by request category)."""
+    import dataclasses
+
+    extra: dict[str, Any] = {"disable_log_stats": False}
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if kwargs.get("speculative_config") and "per_request_spec_decode_metrics" in fields:
+        extra["per_request_spec_decode_metrics"] = "summary"
+    return cls(**kwargs, **extra)
+
+
 async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -223,7 +280,7 @@ async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
     load = replay["load"]
     phase("engine", {})
     t0 = time.perf_counter()
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**job["engine_kwargs"], disable_log_stats=False))
+    engine = AsyncLLM.from_engine_args(_engine_args(AsyncEngineArgs, job["engine_kwargs"]))
     try:
         init_s = time.perf_counter() - t0
         prompts = [_prompt_text(engine, r) for r in reqs]

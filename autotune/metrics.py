@@ -119,7 +119,7 @@ def measure_run(raw: dict[str, Any]) -> dict[str, Any]:
     for key in SPREAD:
         vals = np.asarray([p[key] for p in per], dtype=float)
         m[f"{key}_mad"] = float(np.median(np.abs(vals - np.median(vals))))
-    m["output_tok_s_windows"] = [p["output_tok_s"] for p in per]
+        m[f"{key}_windows"] = [float(v) for v in vals]  # for intervals of ratios (speedup, `check`)
     m["windows"] = len(per)
     m["incomplete"] = sum(p["incomplete"] for p in per)
     m["completed"] = sum(p["completed"] for p in per)
@@ -150,5 +150,6 @@ def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95,
 
 def at_level(m: dict[str, Any], label: str) -> dict[str, Any]:
     """A run's measurement at one load level as flat ``metric@level`` keys (objective names)."""
-    keys = (*DIRECTIONS, "output_tok_s_mad", "windows", "noisy", "incomplete", "acceptance_rate", "mean_accepted_length")
+    keys = (*DIRECTIONS, *(f"{k}_windows" for k in SPREAD), "output_tok_s_mad", "windows", "noisy", "incomplete",
+            "acceptance_rate", "mean_accepted_length")
     return {f"{k}@{label}": m[k] for k in keys if k in m}

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.candidate import Candidate
 from autotune.metrics import ratio_interval
-from autotune.study import baseline_trial
+from autotune.study import DEPLOYED, baseline_trial
 
 METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
                   "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
@@ -30,13 +32,78 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     return sorted((t for t in study.best_trials if feasible(t)), key=lambda t: t.number)
 
 
-def pick_best(study: optuna.Study) -> FrozenTrial | None:
-    """The Pareto trial that is best on the first (primary) objective."""
+LOSSY_MIN_GAIN = 0.03  # default --lossy-min-gain
+
+
+def _windows(t: FrozenTrial, objective: str) -> list[float]:
+    metric, _, level = objective.partition("@")
+    return t.user_attrs["measurement"].get(f"{metric}_windows" + (f"@{level}" if level else "")) or []
+
+
+def lossy_gain(lossy: FrozenTrial, lossless: FrozenTrial, objective: str, maximize: bool) -> tuple[float, float]:
+    """95% bootstrap interval of the lossy trial's gain over the lossless one on ``objective``
+    (a ratio, > 1 when the lossy one is better), over their measured windows."""
+    a, b = _windows(lossy, objective), _windows(lossless, objective)
+    return ratio_interval(a, b) if maximize else ratio_interval(b, a)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The pick, and the lossy trial it was chosen over (if any) with that trial's gain interval."""
+
+    trial: FrozenTrial
+    passed_over: FrozenTrial | None = None
+    gain: tuple[float, float] = (float("nan"), float("nan"))
+    min_gain: float = LOSSY_MIN_GAIN
+
+
+def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choice | None:
+    """The Pareto trial that is best on the first (primary) objective, lossless first.
+
+    A lossy pick (KV dtype, dtype, quantization) stands only where its gain over the best feasible
+    lossless trial is significant: the bootstrap interval of the ratio lies above 1 + ``lossy_min_gain``
+    (default: the study's ``lossy_min_gain`` attribute, else LOSSY_MIN_GAIN). Otherwise that lossless
+    trial is the pick; the Pareto front still shows both.
+    """
     front = pareto_trials(study)
     if not front:
         return None
-    sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
-    return max(front, key=lambda t: sign * t.values[0])
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    sign = 1 if maximize else -1
+    best = max(front, key=lambda t: sign * t.values[0])
+    lossless = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if feasible(t) and not Candidate(t.user_attrs["candidate"]).lossy]
+    if not Candidate(best.user_attrs["candidate"]).lossy or not lossless:
+        return Choice(best)
+    rival = max(lossless, key=lambda t: sign * t.values[0])
+    gain = study.user_attrs.get("lossy_min_gain", LOSSY_MIN_GAIN) if lossy_min_gain is None else lossy_min_gain
+    objective = (study.user_attrs.get("objectives") or ["output_tok_s"])[0]
+    lo, hi = lossy_gain(best, rival, objective, maximize)
+    if lo == lo and lo > 1 + gain:
+        return Choice(best, min_gain=gain)
+    return Choice(rival, passed_over=best, gain=(lo, hi), min_gain=gain)
+
+
+def pick_best(study: optuna.Study, *, lossy_min_gain: float | None = None) -> FrozenTrial | None:
+    """The chosen trial (see ``choose``)."""
+    c = choose(study, lossy_min_gain=lossy_min_gain)
+    return c.trial if c else None
+
+
+def deployed_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The trial that measured the deployed config (a warm start) in this study, if any.
+
+    The re-measurement may be another trial: the baseline (the deployed config had no speculation,
+    so it was a duplicate), or a retry after an interruption.
+    """
+    trials = study.get_trials(deepcopy=False)
+    marked = next((t for t in trials if t.user_attrs.get("role") == DEPLOYED), None)
+    if marked is None:
+        return None
+    key = Candidate(marked.user_attrs.get("candidate", {})).key()
+    measured = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "duplicate_of" not in t.user_attrs
+                and not t.user_attrs.get("interrupted") and Candidate(t.user_attrs.get("candidate", {})).key() == key]
+    return next((t for t in measured if t.state == TrialState.COMPLETE), measured[0] if measured else None)
 
 
 def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from autotune import __version__
 from autotune.errors import BadInput
-from autotune.metrics import DIRECTIONS
+from autotune.objectives import direction
 from autotune.results import load_report
 
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fewer completed trials say nothing about which knob matters
@@ -63,7 +63,7 @@ class Chart:
 
 
 def _axis(metric: str) -> str:
-    better = {"maximize": "higher is better", "minimize": "lower is better"}.get(DIRECTIONS.get(metric.split("@")[0], ""))
+    better = {"maximize": "higher is better", "minimize": "lower is better"}.get(direction(metric) or "")
     return f"{metric} ({better})" if better else metric
 
 
@@ -153,6 +153,35 @@ def acceptance_chart(frame: pd.DataFrame) -> Chart:
     if not chart.series:
         chart.note = "No speculative trial was measured."
     return chart
+
+
+def category_chart(report: dict[str, Any]) -> Chart:
+    """The pick's speedup over the baseline for each request category (best.json's by-category numbers)."""
+    from autotune.results import category_table
+
+    best = report.get("best") or {}
+    chart = Chart("category", "Speedup of the pick by category", "request category",
+                  "ratio to the baseline's same category (> 1: better)", hline=(1.0, "baseline"))
+    rows = [r for r in category_table(best) if r["speedup"] is not None] if best.get("speedup_by_category") else []
+    if not rows:
+        chart.note = ("No pick to break down." if not best else
+                      "The workload has no categories (a 'category' field per request; see README, Workloads).")
+        return chart
+    chart.categories = [r["category"] for r in rows]
+    hover = [f"{r['category']}: {r['requests']} requests, {r['output_tok_s']:.1f} tok/s, "
+             f"accepted length {_num(r['mean_accepted_length']):.2f}" for r in rows]
+    chart.series = [Series("output tok/s", chart.categories, [r["speedup"] for r in rows], kind="bar", hover=hover),
+                    Series("TPOT p50", chart.categories, [_num(r["tpot_speedup"]) for r in rows], kind="bar",
+                           hover=hover)]
+    chart.title += f": trial {best['trial']} {best['label']}"
+    return chart
+
+
+def _category_table_html(report: dict[str, Any]) -> str:
+    from autotune.results import category_table
+
+    rows = category_table(report["best"])
+    return pd.DataFrame(rows).to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}") + "\n"
 
 
 def importance_chart(results_dir: Path, report: dict[str, Any]) -> Chart:
@@ -323,7 +352,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     out = Path(out_dir) if out_dir is not None else results_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     charts = [pareto_chart(frame, report), speedup_chart(frame), acceptance_chart(frame),
-              importance_chart(results_dir, report)]
+              importance_chart(results_dir, report), category_chart(report)]
     written, sections = [], []
     for c in charts:
         section = f'<p class="note">{html.escape(c.note)}</p>\n' if c.note else ""
@@ -332,6 +361,8 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
             section = div + "\n" + section
             to_png(c, out / f"{c.slug}.png")
             written.append(out / f"{c.slug}.png")
+            if c.slug == "category":  # the numbers behind the bars, acceptance among them
+                section += _category_table_html(report)
         else:
             section = f"<h2>{html.escape(c.title)}</h2>\n" + section
         sections.append(section)

@@ -2,7 +2,8 @@
 
 Files: the Optuna storage (study.db unless --storage points elsewhere), trials.csv and
 trials.parquet (the same table), pareto.csv, best.json (the StudyReport: chosen candidate, engine
-kwargs, measurement, verdict, speedup, vLLM version, platform), serve.sh and report.md.
+kwargs, measurement, verdict, speedup, vLLM version, platform), serve.sh and report.md; for a
+workload with categories, by_category.csv (one row per measured trial and category).
 `autotune report` adds report/ (HTML and PNG plots) from these files.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from autotune import __version__
 from autotune.candidate import Candidate
+from autotune.categories import category_speedup
 from autotune.errors import BadInput
 
 SCHEMA_VERSION = 1
@@ -36,7 +38,7 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
                   objectives: list[str], storage_url: str) -> dict[str, Any]:
     """Write every results file for ``study``; return the StudyReport (what best.json holds)."""
     from autotune.export import command, serve_script
-    from autotune.pareto import baseline_trial, pareto_trials, pick_best, speedup, trials_frame
+    from autotune.pareto import baseline_trial, choose, deployed_trial, pareto_trials, speedup, trials_frame
     from autotune.storage import redact
 
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -44,15 +46,24 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
     frame.to_csv(results_dir / "trials.csv", index=False)
     parquet_safe(frame).to_parquet(results_dir / "trials.parquet", engine="pyarrow", index=False)
     (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
-    base, best = baseline_trial(study), pick_best(study)
+    choice, base, deployed = choose(study), baseline_trial(study), deployed_trial(study)
+    best = choice.trial if choice else None
+    _write_by_category(study, base, results_dir)
 
     def entry(t: Any) -> dict[str, Any]:
         cand = Candidate(t.user_attrs["candidate"])
+        if t.state.name != "COMPLETE":  # a failed trial (only the deployed entry can be one)
+            return {"trial": t.number, "label": t.user_attrs["label"], "candidate": cand.params,
+                    "failure": t.user_attrs.get("failure", "unknown")}
         m = t.user_attrs["measurement"]
-        return {"trial": t.number, "label": t.user_attrs["label"], "candidate": cand.params,
-                "engine_kwargs": cand.engine_kwargs(settings), "measurement": m,
-                "verdict": t.user_attrs["verdict"],
-                "speedup": speedup(m, base.user_attrs["measurement"]) if base else None}
+        e = {"trial": t.number, "label": t.user_attrs["label"], "candidate": cand.params,
+             "engine_kwargs": cand.engine_kwargs(settings), "measurement": m,
+             "verdict": t.user_attrs["verdict"],
+             "speedup": speedup(m, base.user_attrs["measurement"]) if base else None}
+        if "by_category" in m and base:  # which kinds of request gain, which lose
+            e["speedup_by_category"] = category_speedup(m["by_category"],
+                                                        base.user_attrs["measurement"].get("by_category", {}))
+        return e
 
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
@@ -68,16 +79,44 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
         "baseline": entry(base) if base else None,
         "best": entry(best) if best else None,
         "pareto": [entry(t) for t in pareto_trials(study)],
+        # A warm start's pick, re-measured in this run: `autotune check` compares the new pick with it.
+        "deployed": entry(deployed) if deployed else None,
+        # Lossless first: the faster lossy trial the pick was chosen over, and why.
+        "lossless_first": None if choice is None or choice.passed_over is None else {
+            "passed_over": choice.passed_over.number, "label": choice.passed_over.user_attrs["label"],
+            "gain_lo": choice.gain[0], "gain_hi": choice.gain[1], "min_gain": choice.min_gain,
+            "reason": f"{choice.passed_over.user_attrs['label']} is lossy and its gain over the best lossless config, "
+                      f"[{choice.gain[0]:.3f}, {choice.gain[1]:.3f}]x (95% interval), does not lie above "
+                      f"1 + {choice.min_gain:.0%}: the lossless config is the pick"},
+        "warm_start": study.user_attrs.get("warm_start"),
     }
     report = _clean(report)
-    (results_dir / "best.json").write_text(json.dumps(report, indent=2) + "\n")
     if best is not None:
         kw = report["best"]["engine_kwargs"]
+        report["serve_command"] = command(kw)
         (results_dir / "serve.sh").write_text(serve_script(kw, platform=platform["platform"]))
         (results_dir / "serve.sh").chmod(0o755)
-        report["serve_command"] = command(kw)
+    (results_dir / "best.json").write_text(json.dumps(report, indent=2) + "\n")
     (results_dir / "report.md").write_text(markdown(report, frame))
     return report
+
+
+def _write_by_category(study: Any, base: Any, results_dir: Path) -> None:
+    """by_category.csv: each measured trial's metrics and speedups by request category."""
+    import pandas as pd
+    from optuna.trial import TrialState
+
+    from autotune.categories import COLUMNS, rows
+
+    base_cats = base.user_attrs["measurement"].get("by_category") if base else None
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        cats = (t.user_attrs.get("measurement") or {}).get("by_category")
+        if cats and "duplicate_of" not in t.user_attrs:
+            out += rows(t.number, t.user_attrs.get("label"), t.user_attrs.get("role", "candidate"), cats,
+                        category_speedup(cats, base_cats) if base_cats else None)
+    if out:
+        pd.DataFrame(out, columns=list(COLUMNS)).to_csv(results_dir / "by_category.csv", index=False)
 
 
 def _missing(v: Any) -> bool:
@@ -119,7 +158,27 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
                         "acceptance_rate", "correct", "pareto", "failure") if c in frame.columns]
     if len(frame):
         lines.append(frame[cols].to_markdown(index=False))
+    if best and best.get("speedup_by_category"):
+        lines += ["", f"## By category: trial {best['trial']} `{best['label']}` against the baseline", "",
+                  _markdown_table(category_table(best))]
     return "\n".join(lines) + "\n"
+
+
+def category_table(e: dict[str, Any]) -> list[dict[str, Any]]:
+    """A report entry's per-category numbers and speedups, one dict a category, biggest gain first."""
+    cats, sp = e["measurement"].get("by_category") or {}, e.get("speedup_by_category") or {}
+    out = [{"category": name, "requests": m.get("requests"), "output_tok_s": m.get("output_tok_s"),
+            "speedup": (sp.get(name) or {}).get("output_tok_s"), "tpot_ms_p50": m.get("tpot_ms_p50"),
+            "tpot_speedup": (sp.get(name) or {}).get("tpot_ms_p50"),
+            "mean_accepted_length": m.get("mean_accepted_length"), "acceptance_rate": m.get("acceptance_rate")}
+           for name, m in cats.items()]
+    return sorted(out, key=lambda r: -r["speedup"] if isinstance(r["speedup"], (int, float)) else math.inf)
+
+
+def _markdown_table(records: list[dict[str, Any]]) -> str:
+    import pandas as pd
+
+    return pd.DataFrame(records).to_markdown(index=False, floatfmt=".3g")
 
 
 def load_report(results_dir: str | Path) -> dict[str, Any]:

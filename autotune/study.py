@@ -22,17 +22,20 @@ from optuna.storages._heartbeat import get_heartbeat_thread  # the thread Study.
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.candidate import Candidate, Settings
+from autotune.categories import by_category
 from autotune.errors import BadInput, StudyFailed
-from autotune.load import LoadPattern, parse_load
-from autotune.metrics import DIRECTIONS, at_level, measure_run
+from autotune.load import LoadPattern
+from autotune.metrics import at_level, measure_run
+from autotune.objectives import normalize_objectives, split_objective, validate_objectives  # noqa: F401 (re-exported)
 from autotune.slo import SLO, goodput
 from autotune.space import SearchSpace
 from autotune.storage import dead_here, has_heartbeat, open_storage, worker_id
 from autotune.validate import Tolerances, verdict
 from autotune.worker import TrialOutcome, run_trial
-from autotune.workload import Workload
+from autotune.workload import UNCATEGORIZED, Workload, expand_turns
 
 BASELINE = "baseline"
+DEPLOYED = "deployed"  # the warm start's pick, re-measured in this run so `check` compares side by side
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class StudyConfig:
     slos: tuple[SLO, ...] = ()  # constraints: a config that misses one is infeasible
     samples: int = 64  # draws per sampled request for the distribution test
     sample_tokens: int = 3  # leading tokens that form one outcome of the test
+    lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
 
     @property
@@ -75,43 +79,6 @@ class _Quiet:
     def trial_started(self, number: int, label: str) -> None: ...
     def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
     def trial_finished(self, number: int, label: str, summary: str) -> None: ...
-
-
-def split_objective(name: str) -> tuple[str, str | None]:
-    """``output_tok_s@16`` -> (``output_tok_s``, ``concurrency=16``); no ``@``: the study's load."""
-    metric, _, level = name.partition("@")
-    return metric, (f"concurrency={level}" if level.isdigit() else level) or None
-
-
-def normalize_objectives(names: tuple[str, ...], load: LoadPattern) -> tuple[tuple[str, ...], tuple[LoadPattern, ...]]:
-    """Objective names with their load level spelled out, and the extra levels a trial must measure.
-
-    An objective at the study's own load is the plain metric name, however its level was spelled.
-    """
-    out, extra = [], []
-    for name in names:
-        metric, level = split_objective(name)
-        try:
-            pattern = load if level is None else parse_load(level, seed=load.seed)
-        except BadInput:
-            raise BadInput(f"--objectives: {name!r}: expected METRIC@LEVEL with LEVEL a number (concurrency) "
-                           f"or a load pattern (concurrency=N, batch, poisson=R)") from None
-        if pattern.label == load.label:
-            out.append(metric)
-            continue
-        out.append(f"{metric}@{pattern.label}")
-        if pattern not in extra:
-            extra.append(pattern)
-    return tuple(out), tuple(extra)
-
-
-def validate_objectives(names: tuple[str, ...]) -> list[str]:
-    """Optuna directions for the chosen objective names."""
-    unknown = [n for n in names if split_objective(n)[0] not in DIRECTIONS]
-    if unknown or not names:
-        raise BadInput(f"--objectives: unknown objective {unknown[0] if unknown else '(none)'!r}; "
-                       f"expected names from {sorted(DIRECTIONS)}, optionally @LEVEL (e.g. output_tok_s@16)")
-    return [DIRECTIONS[split_objective(n)[0]] for n in names]
 
 
 def _sampler(seed: int) -> optuna.samplers.BaseSampler:
@@ -160,9 +127,10 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
 def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig) -> dict[str, Any]:
     """The plain-data job a worker runs: engine kwargs, requests, replay settings."""
     reqs = [{"id": r.id, "prompt": r.prompt, "messages": list(r.messages) if r.messages else None,
+             "turns": list(r.turns) if r.turns else None, "category": r.category,
              "sampling": r.sampling(), "expect": r.expect, "arrival_s": r.arrival_s} for r in workload.requests]
     for r in reqs:
-        for key in ("prompt", "messages", "arrival_s"):
+        for key in ("prompt", "messages", "turns", "category", "arrival_s"):
             if r[key] is None:
                 del r[key]
     return {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
@@ -213,10 +181,13 @@ def _retry_interrupted(study: optuna.Study) -> None:
 
 def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
               progress: Progress | None = None, resume: bool = False,
-              enqueue: list[dict[str, Any]] = (), worker_envs: list[dict[str, str]] = ({},)) -> optuna.Study:
+              enqueue: list[dict[str, Any]] = (), deployed: dict[str, Any] | None = None,
+              worker_envs: list[dict[str, str]] = ({},)) -> optuna.Study:
     """Run (or continue, or join) the study until ``n_trials`` trials have finished.
 
     ``enqueue``: parameter sets to measure first, right after the baseline (Optuna ``enqueue_trial``).
+    ``deployed``: the deployed config's parameters (a warm start): measured first of all after the
+    baseline, as role "deployed", so that `autotune check` compares the new pick with it in one run.
     ``worker_envs``: one worker thread each, with that environment for its trials (its device set).
     Other processes may work on the same study (same name and storage) at the same time.
     """
@@ -234,10 +205,13 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
     study.set_user_attr("load", cfg.load.label)
     study.set_user_attr("concurrency", cfg.load.concurrency if cfg.load.kind == "concurrency" else None)
     study.set_user_attr("levels", [cfg.load.label, *(x.label for x in cfg.extra_loads)])
+    study.set_user_attr("lossy_min_gain", cfg.lossy_min_gain)
     pending = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
     if baseline_trial(study) is None and not any(t.user_attrs.get("role") == BASELINE for t in pending):
         # First in line (not skip_if_exists: an interrupted baseline must run again).
         study.enqueue_trial(space.baseline_trial_params(), user_attrs={"role": BASELINE, "queued": True})
+    if deployed is not None and not any(t.user_attrs.get("role") == DEPLOYED for t in study.get_trials(deepcopy=False)):
+        study.enqueue_trial(deployed, user_attrs={"role": DEPLOYED})
     for params in enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
     if len(worker_envs) == 1:
@@ -361,12 +335,17 @@ def _other_baseline(study: optuna.Study, number: int) -> int | None:
     return None
 
 
+def trial_dir(results_dir: Path, number: int) -> Path:
+    """A trial's folder: its job, events, result and worker.log (``results/<study>/trials/NNNN``)."""
+    return results_dir / "trials" / f"{number:04d}"
+
+
 def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload: Workload,
              cfg: StudyConfig, progress: Progress, is_base: bool, *, env: dict[str, str],
              stop: threading.Event | None) -> None:
     n = trial.number
     progress.trial_started(n, cand.label)
-    workdir = cfg.results_dir / "trials" / f"{n:04d}"
+    workdir = trial_dir(cfg.results_dir, n)
     job = trial_job(cand, workload, cfg)
     if not is_base:  # candidates score the baseline's greedy tokens, teacher-forced (engine._score)
         job["reference"] = {rid: s["token_ids"] for rid, s in baseline_trial(study).user_attrs.get("scores", {}).items()}
@@ -397,14 +376,22 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         at = measure_run({"windows": outcome.raw["levels"][level.label]})
         m.update(at_level(at, level.label))
         m["incomplete"] += at["incomplete"]
+    turns = expand_turns(requests)  # the engine returns one record per turn of a conversation
+    if any("category" in r for r in turns):
+        spec = cand.engine_kwargs(cfg.settings).get("speculative_config")
+        categories = {r["id"]: r.get("category", UNCATEGORIZED) for r in turns}
+        m["by_category"] = by_category(outcome.raw["windows"], categories,
+                                       spec.get("num_speculative_tokens") if spec else 0)
     records = outcome.raw["windows"][0]["requests"]  # every window replays the same requests
+    # prompt_token_ids: vLLM's own tokenization, from which autotune.predict replays acceptance.
     outputs = [{"id": r["id"], "token_ids": r["token_ids"], "text": r["text"],
-                "finish_reason": r["finish_reason"], "error": r["error"], "chunks": len(r["chunks"])}
+                "finish_reason": r["finish_reason"], "error": r["error"], "chunks": len(r["chunks"]),
+                "prompt_token_ids": r.get("prompt_token_ids")}
                for r in records]
     base = baseline_trial(study)
     if base is None and not is_base:
         raise StudyFailed("no completed baseline trial to judge candidates against")
-    v = verdict(requests, records, None if is_base else base.user_attrs["outputs"],
+    v = verdict(turns, records, None if is_base else base.user_attrs["outputs"],
                 lossy=cand.lossy, tol=cfg.tolerances, samples=outcome.raw.get("samples"),
                 base_samples=None if is_base else base.user_attrs.get("samples"),
                 scores=outcome.raw.get("scores"), base_scores=None if is_base else base.user_attrs.get("scores"))

@@ -155,9 +155,12 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     agreements, identical, first, greedy = [], 0, None, 0
     expect_failed = regressions = sampled = 0
     reasons: list[str] = []
-    incomplete = [r["id"] for r in cand if not complete(r)]
-    if incomplete:
-        reasons.append(f"{len(incomplete)} request(s) incomplete (e.g. {incomplete[0]!r})")
+    incomplete = [r for r in cand if not complete(r)]
+    if incomplete:  # vLLM's own message where it rejected the request (a prompt over max_model_len, say)
+        bad = incomplete[0]
+        why = (bad.get("error") or "").strip().split("\n")[0][:300] or \
+            (f"finish reason {bad['finish_reason']}" if bad.get("finish_reason") else "no output")
+        reasons.append(f"{len(incomplete)} request(s) incomplete (e.g. {bad['id']!r}: {why})")
     for req in requests:
         rec, ref = by_id[req["id"]], base_by_id[req["id"]]
         failed = request_failures(req, rec)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 OnEvent = Callable[[dict[str, Any]], None]
+WORKER_LOG = "worker.log"  # the worker's stdout and stderr, in its trial folder
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def run_trial(job: dict[str, Any], workdir: Path, *, timeout_s: float, on_event:
     """
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, result_path = workdir / "job.json", workdir / "result.json"
-    events_path, log_path = workdir / "events.jsonl", workdir / "worker.log"
+    events_path, log_path = workdir / "events.jsonl", workdir / WORKER_LOG
     for p in (result_path, events_path):
         p.unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))

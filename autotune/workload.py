@@ -1,23 +1,26 @@
 """The user's workload: requests with their sampling parameters, arrival offsets and expectations.
 
 Reads the native JSONL form described in DESIGN.md: one JSON object per line with ``prompt``
-(string) or ``messages`` (chat list), and optional sampling fields.
+(string), ``messages`` (chat list) or ``turns`` (user turns replayed as a conversation, each sent
+after the model's own answer to the one before), an optional ``category``, and optional sampling
+fields.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import BadInput
 
 MAX_TOKENS_LIMIT = 1_000_000
-_FIELDS = {"prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-           "ignore_eos", "arrival_s", "id", "expect"}
+_FIELDS = {"prompt", "messages", "turns", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+           "ignore_eos", "arrival_s", "id", "expect", "category"}
 _EXPECT_KEYS = {"json", "regex", "contains"}
+TURNS = ("first", "all")  # --turns: what of a multi-turn question is sent
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,9 @@ class Request:
     id: str
     prompt: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
+    # User turns of a conversation: turn k+1 is sent after the model's own answer to turn k.
+    turns: tuple[str, ...] | None = None
+    category: str | None = None
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -59,6 +65,10 @@ class Request:
             d["prompt"] = self.prompt
         if self.messages is not None:
             d["messages"] = [dict(m) for m in self.messages]
+        if self.turns is not None:
+            d["turns"] = list(self.turns)
+        if self.category is not None:
+            d["category"] = self.category
         d.update(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
         for key in ("top_k", "seed", "arrival_s"):
             if getattr(self, key) not in (None, 0):
@@ -83,6 +93,37 @@ class Workload:
     def greedy_share(self) -> float:
         return sum(r.greedy for r in self.requests) / len(self.requests)
 
+    @property
+    def categories(self) -> list[str]:
+        """The requests' categories in order of first appearance (empty: none has one)."""
+        return list(dict.fromkeys(r.category for r in self.requests if r.category is not None))
+
+
+UNCATEGORIZED = "(none)"  # the group of requests without a category, where others have one
+
+
+def turn_id(request_id: str, k: int) -> str:
+    """The id of turn ``k`` (from 0) of a request: the request's own id for its first turn."""
+    return request_id if k == 0 else f"{request_id}#turn{k + 1}"
+
+
+def expand_turns(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Job requests (plain dicts) with each turn of a multi-turn request as its own entry.
+
+    The engine returns one record per turn (``turn_id``); every turn is judged against the
+    baseline's same turn. Expectations apply to the last answer only.
+    """
+    out = []
+    for r in requests:
+        turns = r.get("turns")
+        if not turns:
+            out.append(r)
+            continue
+        for k in range(len(turns)):
+            out.append({**{key: v for key, v in r.items() if key != "turns"}, "id": turn_id(r["id"], k),
+                        "expect": r.get("expect", {}) if k == len(turns) - 1 else {}})
+    return out
+
 
 def _num(where: str, key: str, value: Any, *, lo: float, hi: float, integer: bool = False) -> Any:
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
@@ -105,6 +146,17 @@ def _messages(where: str, value: Any) -> tuple[dict[str, str], ...]:
     return tuple(out)
 
 
+def _turns(where: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise BadInput(f"{where}: 'turns' must be a non-empty list of strings (the user turns), got {value!r:.60}")
+    for i, t in enumerate(value):
+        if not isinstance(t, str):
+            raise BadInput(f"{where}: 'turns[{i}]' must be a string, got {type(t).__name__} {t!r:.40}")
+        if not t.strip():
+            raise BadInput(f"{where}: 'turns[{i}]' is empty; expected the text of a user turn")
+    return tuple(value)
+
+
 def parse_request(obj: Any, where: str, index: int) -> Request:
     """Validate one native-form object; ``where`` is ``file:line`` for error messages."""
     if not isinstance(obj, dict):
@@ -112,9 +164,13 @@ def parse_request(obj: Any, where: str, index: int) -> Request:
     unknown = set(obj) - _FIELDS
     if unknown:
         raise BadInput(f"{where}: unknown field {sorted(unknown)[0]!r}; expected one of {sorted(_FIELDS)}")
-    prompt, messages = obj.get("prompt"), obj.get("messages")
-    if (prompt is None) == (messages is None):
-        raise BadInput(f"{where}: expected exactly one of 'prompt' (string) or 'messages' (chat list)")
+    prompt, messages, turns = obj.get("prompt"), obj.get("messages"), obj.get("turns")
+    if sum(x is not None for x in (prompt, messages, turns)) != 1:
+        raise BadInput(f"{where}: expected exactly one of 'prompt' (string), 'messages' (chat list) "
+                       "or 'turns' (list of user turns)")
+    category = obj.get("category")
+    if category is not None and (not isinstance(category, str) or not category.strip()):
+        raise BadInput(f"{where}: 'category' must be a non-empty string, got {category!r:.60}")
     if prompt is not None and (not isinstance(prompt, str) or not prompt):
         raise BadInput(f"{where}: 'prompt' must be a non-empty string, got {prompt!r:.60}")
     stop = obj.get("stop", [])
@@ -134,6 +190,7 @@ def parse_request(obj: Any, where: str, index: int) -> Request:
     return Request(
         id=str(rid), prompt=prompt,
         messages=_messages(where, messages) if messages is not None else None,
+        turns=_turns(where, turns) if turns is not None else None, category=category,
         max_tokens=_num(where, "max_tokens", obj.get("max_tokens", 128), lo=1, hi=MAX_TOKENS_LIMIT, integer=True),
         temperature=float(_num(where, "temperature", obj.get("temperature", 0.0), lo=0, hi=10)),
         top_p=float(_num(where, "top_p", obj.get("top_p", 1.0), lo=1e-9, hi=1)),
@@ -172,17 +229,22 @@ def _records(p: Path, text: str) -> list[tuple[str, Any]]:
     return out
 
 
-def load_workload(path: str | Path, *, format: str = "auto", output_len: int | None = None) -> Workload:
+def load_workload(path: str | Path, *, format: str = "auto", output_len: int | None = None,
+                  turns: str | None = None) -> Workload:
     """Read a workload file in any supported format (see autotune.formats) into native requests.
 
     ``output_len`` is the ``max_tokens`` of requests that do not set one (``vllm bench serve``
-    custom files carry prompts only). Raises BadInput naming the file and line on any problem.
+    custom files carry prompts only). ``turns``: ``first`` sends only the first turn of each
+    multi-turn request, ``all`` replays every turn; None (the default) is ``first`` for question
+    files and ``all`` for native ``turns``. Raises BadInput naming the file and line on any problem.
     """
     from autotune.formats import FORMATS, detect, to_native
 
     p = Path(path)
     if format not in FORMATS:
         raise BadInput(f"--format: expected one of {', '.join(FORMATS)}, got {format!r}")
+    if turns is not None and turns not in TURNS:
+        raise BadInput(f"--turns: expected one of {', '.join(TURNS)}, got {turns!r}")
     if not p.exists():
         raise BadInput(f"{p}: no such file (expected a JSONL workload)")
     if p.is_dir():
@@ -195,6 +257,7 @@ def load_workload(path: str | Path, *, format: str = "auto", output_len: int | N
     if not records:
         raise BadInput(f"{p}: no requests (expected one JSON object per line)")
     fmt = detect(records[0][1]) if format == "auto" else format
+    first_only = (turns or ("first" if fmt == "questions" else "all")) == "first"
     requests: list[Request] = []
     for where, obj in records:
         native = to_native(obj, fmt, where)
@@ -202,9 +265,14 @@ def load_workload(path: str | Path, *, format: str = "auto", output_len: int | N
             native = {**native, "max_tokens": output_len}
         if isinstance(native, dict) and native.get("id") is None:
             native = {k: v for k, v in native.items() if k != "id"}
-        requests.append(parse_request(native, where, len(requests)))
-    ids = [r.id for r in requests]
+        req = parse_request(native, where, len(requests))
+        if first_only and req.turns is not None:
+            req = replace(req, turns=None, messages=({"role": "user", "content": req.turns[0]},))
+        requests.append(req)
+    ids = [turn_id(r.id, k) for r in requests for k in range(len(r.turns or ("",)))]
     if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise BadInput(f"{p}: request id {dup!r} appears more than once; ids must be unique")
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))
+        raise BadInput(f"{p}: request id {dup!r} appears more than once; ids must be unique "
+                       "(turn k of a multi-turn request is 'ID#turnk')")
     return Workload(path=str(p), requests=tuple(requests))

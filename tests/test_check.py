@@ -3,17 +3,39 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from autotune.check import compare, parse_tolerance
+from autotune.check import SAME_RUN, TWO_RUNS, compare, parse_tolerance
 from autotune.cli import app
 from autotune.errors import BadInput
 
+runner = CliRunner()
+OBJECTIVES = ["output_tok_s", "e2e_ms_p50", "output_tok_s@concurrency=8"]
 
-def report(tok_s, e2e, passed=True, label="ngram k=3", vllm="0.32.0"):
-    return {"schema_version": 1, "objectives": ["output_tok_s", "e2e_ms_p50"], "vllm_version": vllm,
-            "platform": {"platform": "cpu"}, "workload": "w.jsonl", "concurrency": 1,
-            "best": {"label": label, "engine_kwargs": {"model": "m"},
-                     "measurement": {"output_tok_s": tok_s, "e2e_ms_p50": e2e},
-                     "verdict": {"passed": passed, "reason": "ok" if passed else "greedy mismatch"}}}
+
+def entry(tok_s, e2e, *, at8=None, label="ngram k=3", passed=True, spread=0.01, method="ngram"):
+    """A best.json entry with two measured windows a side (so ratio intervals exist)."""
+    at8 = tok_s * 3 if at8 is None else at8
+    m = {"output_tok_s": tok_s, "e2e_ms_p50": e2e, "output_tok_s@concurrency=8": at8,
+         "output_tok_s_windows": [tok_s * (1 - spread), tok_s * (1 + spread)],
+         "e2e_ms_p50_windows": [e2e * (1 - spread), e2e * (1 + spread)],
+         "output_tok_s_windows@concurrency=8": [at8, at8]}
+    return {"trial": 1, "label": label, "candidate": {"method": method}, "engine_kwargs": {"model": "m"},
+            "measurement": m, "verdict": {"passed": passed, "reason": "ok" if passed else "greedy mismatch"}}
+
+
+def with_speedup(e, base):
+    bm, m = base["measurement"], e["measurement"]
+    e["speedup"] = {"output_tok_s": m["output_tok_s"] / bm["output_tok_s"],
+                    "output_tok_s_lo": m["output_tok_s"] / bm["output_tok_s"] * 0.98,
+                    "output_tok_s_hi": m["output_tok_s"] / bm["output_tok_s"] * 1.02}
+    return e
+
+
+def report(best, *, base=(100, 200), deployed=None, vllm="0.32.0"):
+    b = entry(*base, label="none", method="none")
+    return {"schema_version": 1, "objectives": OBJECTIVES, "vllm_version": vllm, "platform": {"platform": "cpu"},
+            "workload": "w.jsonl", "load": "concurrency=1", "baseline": with_speedup(b, b),
+            "best": with_speedup(best, b) if best else None,
+            "deployed": with_speedup(deployed, b) if deployed and "measurement" in deployed else deployed}
 
 
 @pytest.mark.parametrize("text, value", [("5%", 0.05), ("0.1", 0.1), ("0", 0.0)])
@@ -27,35 +49,126 @@ def test_bad_tolerance(text):
         parse_tolerance(text)
 
 
-def test_within_tolerance_is_ok_and_context_changes_are_noted():
-    r = compare(report(97, 102, vllm="0.33.0"), report(100, 100), tolerance=0.05)
-    assert r.ok and [c.name for c in r.objectives] == ["output_tok_s", "e2e_ms_p50"]
-    assert r.objectives[0].change == pytest.approx(-0.03) and r.objectives[1].change == pytest.approx(-0.02)
-    assert r.changed_context == {"vllm_version": ("0.32.0", "0.33.0")}
+def test_same_run_pick_against_the_re_measured_deployed_config():
+    old = report(entry(180, 110))
+    # The new pick is the deployed config itself, re-measured: ratio 1 everywhere.
+    same = entry(150, 130)
+    r = compare(report(same, base=(80, 230), deployed=same), old, tolerance=0.05)
+    assert r.ok and r.basis == SAME_RUN and [c.ratio for c in r.objectives] == [1.0, 1.0, 1.0]
+    # A pick 3% worse on e2e than the deployed config measured beside it: within 5%.
+    r = compare(report(entry(160, 134, label="ngram k=4"), deployed=entry(150, 130)), old, tolerance=0.05)
+    assert r.ok and r.objectives[0].ratio == pytest.approx(160 / 150) and r.objectives[1].ratio == pytest.approx(130 / 134)
+    lo, hi = r.objectives[0].lo, r.objectives[0].hi
+    assert lo < 160 / 150 < hi
 
 
-def test_regression_and_incorrect_pick_fail():
-    r = compare(report(80, 100), report(100, 100), tolerance=0.05)
-    assert not r.ok and r.reasons == ["output_tok_s is 20.0% worse (100 -> 80), beyond the 5% tolerance"]
-    r = compare(report(120, 90, passed=False), report(100, 100), tolerance=0.05)
+def test_a_regression_at_a_second_load_level_fails_the_gate():
+    """`check` used to skip metric@level objectives (no level parsing of its own)."""
+    r = compare(report(entry(150, 130, at8=300), deployed=entry(150, 130, at8=450)), report(entry(150, 130)),
+                tolerance=0.05)
+    assert not r.ok and [c.name for c in r.objectives if c.regressed] == ["output_tok_s@concurrency=8"]
+    assert r.reasons[0].startswith("output_tok_s@concurrency=8: the new pick is 33.3% worse than the deployed config "
+                                   "measured in the same run (450 -> 300, ratio 0.667 [0.67-0.67])")
+
+
+def test_an_inflated_old_claim_decides_nothing_when_the_deployed_config_was_re_measured():
+    old = report(entry(150, 130))
+    old["best"]["measurement"]["output_tok_s"] *= 3  # planted: 3x what the config can do
+    for key in ("output_tok_s", "output_tok_s_lo", "output_tok_s_hi"):
+        old["best"]["speedup"][key] *= 3
+    r = compare(report(entry(150, 130), deployed=entry(150, 130)), old, tolerance=0.05)
+    assert r.ok and r.basis == SAME_RUN
+    assert r.drift.then == pytest.approx(4.5) and r.drift.now == pytest.approx(1.5) and r.drift.lost_gain
+    assert any("lost gain since the old run: 4.50x [4.41-4.59] then, 1.50x [1.47-1.53] now" in n for n in r.notes)
+
+
+def test_without_a_re_measurement_speedups_are_compared_across_two_runs():
+    old = report(entry(180, 110), base=(100, 200))
+    # Absolute tok/s 40% lower today (a slower machine), same speedup: no regression.
+    r = compare(report(entry(108, 183), base=(60, 333)), old, tolerance=0.05)
+    assert r.ok and r.basis == TWO_RUNS and any("spans two runs" in n for n in r.notes)
+    assert r.objectives[0].ratio == pytest.approx(1.0)
+    # The deployed draft pick (1.8x) against a new study that allows no speculation (1.0x): regression.
+    r = compare(report(entry(100, 200, label="none", method="none"), base=(100, 200)), old, tolerance=0.05)
+    assert not r.ok and r.reasons[0].startswith(
+        "output_tok_s: the new pick's speedup over its baseline is 44.4% below the deployed config's in the old run "
+        "(1.80x -> 1.00x)")
+
+
+def test_incorrect_or_missing_pick_fails_and_a_failed_deployed_config_falls_back():
+    old = report(entry(100, 100))
+    r = compare(report(entry(120, 90, passed=False), deployed=entry(100, 100)), old, tolerance=0.05)
     assert not r.ok and "failed its correctness checks" in r.reasons[0]
-    r = compare({"schema_version": 1, "best": None}, report(100, 100), tolerance=0.05)
+    r = compare(report(None), old, tolerance=0.05)
     assert not r.ok and "no feasible" in r.reasons[0]
+    failed = {"trial": 1, "label": "ngram k=3", "candidate": {"method": "ngram"}, "failure": "RuntimeError: boom"}
+    r = compare(report(entry(100, 100), deployed=failed), old, tolerance=0.05)
+    assert r.basis == TWO_RUNS and "the deployed config failed in this run: RuntimeError: boom" in r.notes
+    r = compare(report(entry(97, 102), vllm="0.33.0"), old, tolerance=0.05)
+    assert r.ok and r.changed_context == {"vllm_version": ("0.32.0", "0.33.0")}
 
 
 def test_cli_exit_codes_summary_and_json(tmp_path, monkeypatch):
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
-    (tmp_path / "old" / "best.json").write_text(json.dumps(report(100, 100)))
-    (tmp_path / "new" / "best.json").write_text(json.dumps(report(70, 100)))
+    (tmp_path / "old" / "best.json").write_text(json.dumps(report(entry(100, 100))))
+    (tmp_path / "new" / "best.json").write_text(json.dumps(report(entry(70, 100), deployed=entry(100, 100))))
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     runner = CliRunner()
     r = runner.invoke(app, ["check", str(tmp_path / "new"), "--against", str(tmp_path / "old")])
     assert r.exit_code == 1 and r.stdout.startswith("## autotune check: REGRESSION")
-    assert "output_tok_s is 30.0% worse" in summary.read_text()
+    text = summary.read_text()
+    assert "output_tok_s: the new pick is 30.0% worse than the deployed config measured in the same run" in text
+    assert "Compared: the new pick against the deployed config, both measured in the new run." in text
     r = runner.invoke(app, ["check", str(tmp_path / "new"), "--against", str(tmp_path / "old"), "--tolerance", "40%",
                             "--json"])
-    assert r.exit_code == 0 and json.loads(r.stdout)["ok"] is True
+    out = json.loads(r.stdout)
+    assert r.exit_code == 0 and out["ok"] is True and out["basis"] == SAME_RUN
+    assert out["objectives"][0]["ratio"] == pytest.approx(0.7) and out["objectives"][0]["lo"] == pytest.approx(0.7, abs=0.03)
     r = runner.invoke(app, ["check", str(tmp_path / "new"), "--against", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "no such results file" in r.stderr
+
+
+def test_nightly_flow_on_the_fake_engine(tmp_path, monkeypatch, fake_engine_env):
+    """Deployed results, a warm-started nightly study, then the gate; trials on the FAKE engine
+    (deterministic timings), so every outcome below is exact at the default 5% tolerance."""
+    from autotune.results import load_report
+
+    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    common = ["--model", "fake-model", "--samples", "0", "--results", str(tmp_path), "--repeats", "2"]
+    ngram = '{"method": "ngram", "num_speculative_tokens": 4}'
+    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/fake_space_ok.yaml", "--trials", "2",
+                            "--study", "deployed", "--try", ngram, *common])
+    assert r.exit_code == 0, r.output
+    deployed = tmp_path / "deployed"
+    old = load_report(deployed)
+    # The knob the --try left out took the baseline's value: exactly the config given was measured.
+    assert old["best"]["candidate"] == {"method": "ngram", "num_speculative_tokens": 4, "kv_cache_dtype": "auto"}
+    assert old["serve_command"].startswith("vllm serve")  # best.json carries what --json prints
+    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/fake_space_ok.yaml", "--trials", "2",
+                            "--study", "nightly", "--warm-start", str(deployed), "--json", *common])
+    assert r.exit_code == 0, r.output
+    new = json.loads(r.stdout)  # stdout is the JSON alone: the warm-start lines went to stderr
+    assert "warm start: re-measuring 1 config(s)" in r.stderr
+    assert new["deployed"]["trial"] == 1 and new["deployed"]["candidate"] == old["best"]["candidate"]
+    assert new["warm_start"] == {"from": str(deployed)}
+    nightly = tmp_path / "nightly"
+    r = runner.invoke(app, ["check", str(nightly), "--against", str(deployed), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["basis"] == SAME_RUN
+    # A planted, inflated claim in the deployed results decides nothing: the gate is within the new run.
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    old["best"]["measurement"]["output_tok_s"] *= 3
+    (planted / "best.json").write_text(json.dumps(old))
+    r = runner.invoke(app, ["check", str(nightly), "--against", str(planted)])
+    assert r.exit_code == 0, r.output
+    # A new study whose space allows no speculation: the deployed config is faster, and the gate says so.
+    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/fake_space_nospec.yaml",
+                            "--trials", "1", "--study", "nospec", "--warm-start", str(deployed), *common])
+    assert r.exit_code == 0, r.output
+    assert "outside space 'fake-nospec'" in r.output
+    r = runner.invoke(app, ["check", str(tmp_path / "nospec"), "--against", str(deployed)])
+    assert r.exit_code == 1 and "REGRESSION" in r.stdout and "spans two runs" in r.stdout
+    assert "output_tok_s: the new pick's speedup over its baseline is" in r.stdout

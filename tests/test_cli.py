@@ -87,3 +87,77 @@ def test_workload_convert_writes_native_form(tmp_path):
     from autotune.workload import load_workload
 
     assert load_workload(out).requests == load_workload("tests/data/formats/openai_batch.jsonl").requests
+
+
+def test_verbose_adds_the_traceback_to_a_bad_input_line(tmp_path):
+    r = runner.invoke(app, ["--verbose", "search", str(tmp_path / "missing.jsonl")])
+    assert r.exit_code == 2
+    assert "Traceback (most recent call last)" in r.stderr and "BadInput" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: ") and "missing.jsonl: no such file" in r.stderr
+
+
+def test_an_unexpected_error_is_one_line_and_with_verbose_its_traceback(tmp_path, monkeypatch):
+    import autotune.results
+
+    def broken(path):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(autotune.results, "load_report", broken)
+    r = runner.invoke(app, ["export", str(tmp_path)])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.stderr.startswith("error: internal error: KeyError: 'planted' (at test_cli.py:")
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = runner.invoke(app, ["--verbose", "export", str(tmp_path)])
+    assert r.exit_code == 1 and "Traceback (most recent call last)" in r.stderr and "in broken" in r.stderr
+
+
+def _fake_search(tmp_path, monkeypatch, *args):
+    """`autotune search` through the CLI with trials on the FAKE engine (tests/fake_engine.py)."""
+    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    return runner.invoke(app, [*args, "--model", "fake-model", "--results", str(tmp_path), "--samples", "0",
+                               "--repeats", "1"])
+
+
+CRASH = '{"method": "ngram", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": "crash"}'
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verbose_shows_a_failed_trials_worker_log(tmp_path, monkeypatch, fake_engine_env, verbose):
+    r = _fake_search(tmp_path, monkeypatch, *(["--verbose"] if verbose else []), "search", "examples/smoke.jsonl",
+                     "--space", "tests/data/fake_space.yaml", "--trials", "2", "--try", CRASH)
+    assert r.exit_code == 0, r.output
+    log = tmp_path / "smoke" / "trials" / "0001" / "worker.log"
+    assert "RuntimeError: fake engine init failed" in log.read_text()
+    shown = [ln for ln in r.stdout.splitlines() if ln.startswith("  | ")]
+    if verbose:
+        assert f"  worker log: {log} (last " in r.stdout
+        assert any("Traceback (most recent call last)" in ln for ln in shown)
+        assert any("RuntimeError: fake engine init failed" in ln for ln in shown)
+    else:
+        assert "worker log:" not in r.stdout and not shown
+
+
+def test_piped_output_keeps_each_record_on_one_line(tmp_path, monkeypatch, fake_engine_env):
+    # Not a terminal (CliRunner, as a pipe or a CI log): no 80-column wrapping mid-record.
+    space = tmp_path / "long.yaml"
+    space.write_text("baseline: {method: none, dtype: default, enforce_eager: true}\nparams:\n"
+                     "  method: {choices: [none, ngram]}\n"
+                     "  num_speculative_tokens: {int: [3, 3], when: {method: [ngram]}}\n"
+                     "  prompt_lookup_max: {int: [4, 4], when: {method: [ngram]}}\n"
+                     "  prompt_lookup_min: {int: [2, 2], when: {method: [ngram]}}\n"
+                     "  dtype: {choices: [default, bfloat16]}\n  enforce_eager: {choices: [true]}\n")
+    ngram = ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
+             '"dtype": "bfloat16", "enforce_eager": true}')
+    r = _fake_search(tmp_path, monkeypatch, "search", "examples/smoke.jsonl", "--space", str(space),
+                     "--trials", "2", "--try", ngram)
+    assert r.exit_code == 0, r.output
+    label = "ngram k=3 lookup=2..4 bfloat16 eager"
+    lines = r.stdout.splitlines()
+    trial = [ln for ln in lines if ln.startswith("trial   1 ")]
+    assert len(trial) == 1 and label in trial[0] and "tok/s, e2e p50 " in trial[0] and trial[0].endswith("correct")
+    row = [ln for ln in lines if f"{label} *best*" in ln]  # the Pareto table's row, config whole
+    assert len(row) == 1 and "ok" in row[0] and "x [" in row[0]
+    assert any("e2e p50 ms" in ln and "tpot p50 ms" in ln for ln in lines)  # headers not broken either
+    best = [ln for ln in lines if ln.startswith("best: trial 1 ")]
+    assert len(best) == 1 and label in best[0] and best[0].endswith("; verdict ok")

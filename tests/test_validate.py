@@ -118,3 +118,13 @@ def test_topk_kl_is_zero_for_equal_distributions_and_positive_otherwise():
     moved = {"a": score([1], [-0.9], top=[[[1, -0.9], [2, -0.6], [3, -2.0]]])}
     assert logprob_drift(same, base).kl == pytest.approx(0.0, abs=1e-12)
     assert logprob_drift(moved, base).kl > 0.05
+
+
+def test_an_incomplete_request_carries_the_engines_own_message():
+    reqs = [req("a"), req("b")]
+    base = [rec("a", [1, 2]), rec("b", [3, 4])]
+    rejected = {**rec("b", []), "chunks": [], "finish_reason": None,
+                "error": "ValueError: The decoder prompt (length 1342) is longer than the maximum model length of 1024."}
+    v = verdict(reqs, [rec("a", [1, 2]), rejected], base, lossy=False, tol=Tolerances())
+    assert not v.passed and v.reason.startswith(
+        "1 request(s) incomplete (e.g. 'b': ValueError: The decoder prompt (length 1342) is longer than")

@@ -185,13 +185,33 @@ def test_ctrl_c_with_two_workers_marks_both_running_trials_and_resume_finishes(t
     import _thread
     import threading
 
-    monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "3")
+    monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "3")  # each trial stays in its worker that long
     c = _cfg(tmp_path, n_trials=4, storage=f"journal:{tmp_path / 'journal.log'}")
     space, wl = load_space(SPACE, platform="cpu", models=set()), load_workload("examples/smoke.jsonl")
-    # Ctrl-C reaches the main thread only, as in a terminal; by then both workers are measuring.
-    threading.Timer(7.0, _thread.interrupt_main).start()
+    both_running = threading.Event()
+
+    def press_ctrl_c_when_both_workers_measure(deadline_s: float = 120.0) -> None:
+        # The event, not a timer: two trials RUNNING in the storage, each handed to its worker
+        # process ("devices" is set just before the worker starts). Then Ctrl-C, which reaches the
+        # main thread only, as in a terminal. Past the deadline it presses anyway (the test fails).
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            try:
+                seen = optuna.load_study(study_name=c.name, storage=storage.open_storage(c.storage_url))
+                running = [t for t in seen.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                           if "devices" in t.user_attrs]
+            except KeyError:  # the study is not created yet
+                running = []
+            if len(running) == 2:
+                both_running.set()
+                break
+            time.sleep(0.1)
+        _thread.interrupt_main()
+
+    threading.Thread(target=press_ctrl_c_when_both_workers_measure, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         run_study(c, wl, space, worker_envs=[{}, {}])
+    assert both_running.is_set(), "the two workers never had a trial running at the same time"
     trials = optuna.load_study(study_name=c.name, storage=storage.open_storage(c.storage_url)).trials
     assert not [t for t in trials if t.state == TrialState.RUNNING], [(t.number, t.state.name, t.user_attrs.get("failure"), t.user_attrs.get("wall_s")) for t in trials]
     stopped = [t for t in trials if t.user_attrs.get("interrupted")]

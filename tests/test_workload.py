@@ -52,6 +52,15 @@ def test_bom_and_crlf_are_valid(tmp_path):
     ('{"messages": [{"role": "user"}]}\n', ":1: 'messages[0]' must be an object"),
     ('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n', "request id 'x' appears more than once"),
     ('\n\n', ": no requests"),
+    ('{"question_id": 1, "category": "math"}\n', ":1: 'turns' is missing"),
+    ('{"question_id": 1, "turns": []}\n', ":1: 'turns' must be a non-empty list of strings"),
+    ('{"question_id": 1, "turns": "hi"}\n', ":1: 'turns' must be a non-empty list of strings"),
+    ('{"question_id": 1, "turns": ["hi", 5]}\n', ":1: 'turns[1]' must be a string, got int 5"),
+    ('{"question_id": 1, "turns": ["hi", "  "]}\n', ":1: 'turns[1]' is empty"),
+    ('{"question_id": 1, "turns": ["hi"], "category": 7}\n', ":1: 'category' must be a non-empty string"),
+    ('{"question_id": 1, "turns": ["hi"], "colour": 1}\n', ":1: unknown field 'colour'"),
+    ('{"prompt": "a", "turns": ["b"]}\n', ":1: expected exactly one of 'prompt' (string), 'messages' (chat list) or 'turns'"),
+    ('{"id": "a", "turns": ["x", "y"]}\n{"id": "a#turn2", "prompt": "z"}\n', "request id 'a#turn2' appears more than once"),
 ])
 def test_bad_input_names_file_and_line(tmp_path, text, fragment):
     p = write(tmp_path, text)
@@ -91,3 +100,52 @@ def test_vllm_bench_custom_takes_output_len():
 def test_unknown_format_flag(tmp_path):
     with pytest.raises(BadInput, match="--format: expected one of auto, native"):
         load_workload("examples/smoke.jsonl", format="csv")
+
+
+QUESTIONS = "tests/data/formats/questions.jsonl"  # Spec-Bench / MT-Bench form: question_id, category, turns
+
+
+def test_question_files_send_the_first_turn_by_default():
+    wl = load_workload(QUESTIONS)  # detected by question_id
+    assert [r.id for r in wl.requests] == ["81", "82", "111", "112", "161", "162"]
+    assert wl.categories == ["editing", "math", "rag"] and wl.requests[2].category == "math"
+    first = wl.requests[0]
+    assert first.turns is None and first.messages == ({"role": "user", "content": first.messages[0]["content"]},)
+    assert first.messages[0]["content"].startswith("Edit the config")
+    assert load_workload(QUESTIONS, format="questions").requests == wl.requests
+
+
+def test_question_files_replay_all_turns_and_convert_keeps_them(tmp_path):
+    wl = load_workload(QUESTIONS, turns="all")
+    assert [len(r.turns) for r in wl.requests] == [2, 1, 2, 1, 1, 2]
+    assert wl.requests[2].turns[1] == "And what is that number divided by 391?"  # MT-Bench's 'reference' is not sent
+    out = write(tmp_path, "".join(json.dumps(r.to_json()) + "\n" for r in wl.requests), name="native.jsonl")
+    assert load_workload(out).requests == wl.requests  # native 'turns' replay every turn
+    assert [r.turns for r in load_workload(out, turns="first").requests] == [None] * 6
+    with pytest.raises(BadInput, match="--turns: expected one of first, all, got 'two'"):
+        load_workload(QUESTIONS, turns="two")
+
+
+def test_category_is_kept_by_every_reader(tmp_path):
+    native = write(tmp_path, json.dumps({"prompt": "a", "category": "code"}) + "\n", name="n.jsonl")
+    batch = write(tmp_path, json.dumps({"custom_id": "x", "body": {"prompt": "a", "metadata": {"category": "rag"}}})
+                  + "\n" + json.dumps({"custom_id": "y", "metadata": {"category": "math"}, "body": {"prompt": "b"}})
+                  + "\n", name="b.jsonl")
+    share = write(tmp_path, json.dumps([{"id": "s", "source": "sharegpt_gpt4",
+                                         "conversations": [{"from": "human", "value": "hi"}]},
+                                        {"id": "t", "category": "chat", "source": "x",
+                                         "conversations": [{"from": "human", "value": "yo"}]},
+                                        {"id": "u", "conversations": [{"from": "human", "value": "yo"}]}]),
+                  name="s.json")
+    assert [r.category for r in load_workload(native).requests] == ["code"]
+    assert [r.category for r in load_workload(batch).requests] == ["rag", "math"]
+    assert [r.category for r in load_workload(share).requests] == ["sharegpt_gpt4", "chat", None]
+
+
+def test_turns_expand_to_one_job_request_per_turn():
+    from autotune.workload import expand_turns
+
+    reqs = [{"id": "q", "turns": ["a", "b"], "sampling": {}, "expect": {"contains": "x"}, "category": "c"},
+            {"id": "p", "prompt": "z", "sampling": {}, "expect": {}}]
+    assert [(r["id"], r["expect"], r.get("category"), "turns" in r) for r in expand_turns(reqs)] == [
+        ("q", {}, "c", False), ("q#turn2", {"contains": "x"}, "c", False), ("p", {}, None, False)]

@@ -18,7 +18,8 @@ fields = st.fixed_dictionaries({}, optional={
     "top_p": st.floats() | json_values, "seed": st.integers() | json_values, "stop": json_values,
     "id": json_values, "expect": json_values, "custom_id": st.text(max_size=5),
     "body": st.dictionaries(st.sampled_from(["messages", "prompt", "max_tokens", "temperature"]), json_values),
-    "conversations": json_values})
+    "conversations": json_values, "category": st.text(max_size=5) | json_values, "question_id": json_values,
+    "turns": st.lists(st.text(max_size=5) | json_values, max_size=3) | json_values, "reference": json_values})
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
