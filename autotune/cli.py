@@ -1,4 +1,9 @@
-"""The command line: search, export, serve, check, report. Errors become exit codes only here."""
+"""The command line: search, export, serve, check, report, workload. Errors become exit codes only here.
+
+Commands parse flags and print; the work is elsewhere (autotune.search runs a study, autotune.present
+draws tables). Over 300 lines only because every command declares its options here (``search``
+has forty).
+"""
 
 from __future__ import annotations
 
@@ -7,19 +12,19 @@ import json
 import os
 import sys
 import traceback
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
-    TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 from typer.core import TyperGroup
 
 from autotune import __version__
 from autotune.errors import AutotuneError, BadInput
+from autotune.formats import FORMATS
+from autotune.present import categories_table, inspect_table, search_summary
 
 console = Console()
 err = Console(stderr=True)
@@ -27,7 +32,37 @@ _verbose = False
 # Piped, or in a CI log, Rich would wrap at 80 columns mid-record ("e2e p50\n505 ms"); there a
 # line is as long as its record (COLUMNS, where set, still wins).
 PIPE_WIDTH = 1000
-WORKER_LOG_TAIL = 20  # lines of a failed trial's worker.log shown with --verbose
+
+WorkloadFormat = Enum("WorkloadFormat", {f.replace("-", "_"): f for f in FORMATS}, type=str)  # type: ignore[misc]
+WorkloadFormat.__doc__ = "The workload file formats autotune reads (autotune.formats)."
+
+
+class Turns(str, Enum):
+    first = "first"
+    all = "all"
+
+
+class ExportFormat(str, Enum):
+    command = "command"
+    yaml = "yaml"
+    json = "json"
+
+
+def _choice(kind: type[Enum], value: str, flag: str) -> Any:
+    """``value`` as a member of ``kind``, or one line naming the flag and the choices (exit 2).
+    (Typer's own Enum parsing would print a multi-line usage box instead.)"""
+    try:
+        return kind(value)
+    except ValueError:
+        raise BadInput(f"{flag}: expected one of {', '.join(m.value for m in kind)}, got {value!r}") from None
+
+
+def _workload_format(value: str) -> str:
+    return _choice(WorkloadFormat, value, "--format").value
+
+
+def _turns(value: str | None) -> str | None:
+    return None if value is None else _choice(Turns, value, "--turns").value
 
 
 def _signals() -> tuple[type[BaseException], ...]:
@@ -101,97 +136,9 @@ def _internal(e: Exception) -> None:
     raise typer.Exit(1) from None
 
 
-class _RichProgress:
-    """Draws the study: one bar over trials (with ETA), the running trial's phase in its label.
-
-    ``logs``: the study's results folder, to show a failed trial's worker.log (--verbose).
-    """
-
-    def __init__(self, progress: Progress, task: Any, logs: Path | None = None) -> None:
-        self.p, self.task, self.label, self.logs = progress, task, "", logs
-
-    def trial_started(self, number: int, label: str) -> None:
-        self.label = f"trial {number}: {label}"
-        self.p.update(self.task, description=f"{self.label} [dim]starting worker")
-
-    def trial_event(self, number: int, event: dict[str, Any]) -> None:
-        phase = event.get("phase")
-        text = {"engine": "starting engine", "warmup": "warming up", "measure": "measuring",
-                "samples": "sampling for the distribution test", "score": "scoring log-probs"}.get(phase)
-        if phase == "progress":
-            text = f"measuring window {event.get('window', 1)}/{event.get('windows', 1)}: {event['done']}/{event['total']}"
-        if text:
-            self.p.update(self.task, description=f"{self.label} [dim]{text}")
-
-    def trial_finished(self, number: int, label: str, summary: str) -> None:
-        # soft_wrap: a trial is one line, however long its failure reason (a log greps by trial).
-        self.p.console.print(f"trial {number:>3} {label:<40} {summary}", highlight=False, markup=False,
-                             soft_wrap=True)
-        if self.logs is not None and summary.startswith("failed"):
-            from autotune.study import trial_dir
-            from autotune.worker import WORKER_LOG
-
-            self._show_log(trial_dir(self.logs, number) / WORKER_LOG)
-        self.p.advance(self.task)
-
-    def _show_log(self, path: Path) -> None:
-        try:
-            lines = path.read_text(errors="replace").splitlines()[-WORKER_LOG_TAIL:]
-        except OSError as e:
-            lines = [f"(not readable: {e.strerror})"]
-        self.p.console.print(f"  worker log: {path} (last {len(lines)} lines)", highlight=False, markup=False,
-                             soft_wrap=True)
-        for line in lines:
-            self.p.console.print(f"  | {line}", style="dim", highlight=False, markup=False, soft_wrap=True)
-
-
-def _float_or_nan(x: Any, fmt: str) -> str:
-    return "-" if x is None or x != x else format(x, fmt)
-
-
-def _interval(s: dict[str, Any]) -> str:
-    lo, hi = s.get("output_tok_s_lo"), s.get("output_tok_s_hi")
-    return "" if lo is None or hi is None or lo != lo else f" [{lo:.2f}-{hi:.2f}]"
-
-
-def pareto_table(report: dict[str, Any]) -> Table:
-    """The Pareto front with each config's speedup over the baseline."""
-    t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})")
-    for col in ("trial", "config", "tok/s", "speedup", "e2e p50 ms", "tpot p50 ms", "accept", "verdict"):
-        # fold, not "draft_…": a narrow terminal breaks a long config or number, never cuts it short.
-        t.add_column(col, justify="right" if col not in ("config", "verdict") else "left", overflow="fold")
-    rows = ([report["baseline"]] if report.get("baseline") else []) + \
-        [e for e in report["pareto"] if not report.get("baseline") or e["trial"] != report["baseline"]["trial"]]
-    best = (report.get("best") or {}).get("trial")
-    for e in rows:
-        m, s = e["measurement"], e["speedup"] or {}
-        name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + (" *best*" if e["trial"] == best else "")
-        tps = _float_or_nan(m["output_tok_s"], ".1f") + (f" ±{m['output_tok_s_mad']:.1f}" if "output_tok_s_mad" in m else "")
-        t.add_row(str(e["trial"]), name + (" [yellow](noisy)[/yellow]" if m.get("noisy") else ""), tps,
-                  _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + _interval(s), _float_or_nan(m["e2e_ms_p50"], ".0f"),
-                  _float_or_nan(m["tpot_ms_p50"], ".1f"), _float_or_nan(m.get("acceptance_rate"), ".2f"),
-                  "ok" if e["verdict"]["passed"] else e["verdict"]["reason"])
-    return t
-
-
 _TURNS_HELP = ("Multi-turn requests: 'first' sends the first turn only, 'all' replays every turn as a "
                "conversation, each after the model's own answer. Default: first for question files, all for "
                "native 'turns'.")
-
-
-def category_table(entry: dict[str, Any]) -> Table:
-    """A report entry's speedup over the baseline by request category, biggest gain first."""
-    from autotune.results import category_table as rows
-
-    t = Table(title=f"By category: trial {entry['trial']} {entry['label']} against the baseline")
-    for col in ("category", "requests", "tok/s", "speedup", "tpot p50 ms", "tpot speedup", "accepted len", "accept"):
-        t.add_column(col, justify="left" if col == "category" else "right")
-    for r in rows(entry):
-        t.add_row(r["category"], str(r["requests"]), _float_or_nan(r["output_tok_s"], ".1f"),
-                  _float_or_nan(r["speedup"], ".2f") + "x", _float_or_nan(r["tpot_ms_p50"], ".1f"),
-                  _float_or_nan(r["tpot_speedup"], ".2f") + "x", _float_or_nan(r["mean_accepted_length"], ".2f"),
-                  _float_or_nan(r["acceptance_rate"], ".2f"))
-    return t
 
 
 @app.command(epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
@@ -206,8 +153,8 @@ def search(
     eagle3_head: Annotated[Optional[str], typer.Option(help="EAGLE-3 draft head (GPU).")] = None,
     space: Annotated[Optional[str], typer.Option(help="Search space: bundled name (cpu, gpu, quick) or YAML file. "
                                                       "Default: the platform's.", envvar="AUTOTUNE_SPACE")] = None,
-    format: Annotated[str, typer.Option("--format", help="Workload format: auto, native, openai-batch, sharegpt, "
-                                                        "vllm-bench, questions (Spec-Bench, MT-Bench).")] = "auto",
+    format: Annotated[str, typer.Option("--format", help=f"Workload format: {', '.join(FORMATS)} (questions: "
+                                                        "Spec-Bench, MT-Bench).")] = "auto",
     output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none "
                                                               "(vllm-bench files carry prompts only).")] = None,
     turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
@@ -268,165 +215,32 @@ def search(
                                                        "progress goes to stderr.")] = False,
 ) -> None:
     """Search for the fastest correct vLLM config for WORKLOAD and write results/<study>/."""
+    from autotune.search import SearchOptions, run_search
+
+    opts = SearchOptions(workload=workload, model=model, draft_model=draft_model, eagle_head=eagle_head,
+                         eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
+                         turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
+                         study=study, storage=storage, results=results, objectives=objectives,
+                         concurrency=concurrency, load=load, repeats=repeats, max_repeats=max_repeats, slo=slo,
+                         warmup=warmup, trial_timeout=trial_timeout, max_model_len=max_model_len, dtype=dtype,
+                         gpu_memory_utilization=gpu_memory_utilization, max_drift=max_drift,
+                         lossless_tolerance=lossless_tolerance, max_logprob_drift=max_logprob_drift,
+                         lossy_min_gain=lossy_min_gain, samples=samples, seed=seed, resume=resume,
+                         warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
+                         workers=workers, json=json_)
+    say = err if json_ else console  # --json: stdout carries the JSON only
     try:
-        _search(**locals())
-    except AutotuneError as e:
-        _fail(e)
+        report = run_search(opts, say, verbose=_verbose)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/yellow] the running trial is recorded as failed; "
                   "continue with the same command and --resume")
         raise typer.Exit(130) from None
-
-
-def _search(**o: Any) -> None:
-    from autotune import demo, devices, hardware
-    from autotune.candidate import Settings
-    from autotune.context import fit_model
-    from autotune.load import parse_load
-    from autotune.results import write_results
-    from autotune.slo import parse_slos
-    from autotune.space import load_space
-    from autotune.objectives import normalize_objectives, validate_objectives
-    from autotune.study import StudyConfig, run_study
-    from autotune.validate import Tolerances
-    from autotune.workload import load_workload
-
-    wl = load_workload(o["workload"], format=o["format"], output_len=o["output_len"], turns=o["turns"])
-    load = parse_load(o["load"] or f"concurrency={o['concurrency']}", seed=o["seed"])
-    if load.kind == "replay" and any(r.arrival_s is None for r in wl.requests):
-        missing = next(r.id for r in wl.requests if r.arrival_s is None)
-        raise BadInput(f"--load replay: request {missing!r} of {wl.path} has no 'arrival_s' to replay")
-    objectives = tuple(x.strip() for x in o["objectives"].split(",") if x.strip())
-    validate_objectives(objectives)
-    objectives, extra_loads = normalize_objectives(objectives, load)
-    platform = hardware.detect()
-    model, draft, max_len, dtype = o["model"], o["draft_model"], o["max_model_len"], o["dtype"]
-    if model is None:
-        if not demo.available():
-            raise BadInput("--model: not given and the bundled demo models are missing "
-                           "(run scripts/train_demo_models.py)")
-        model, draft, max_len = str(demo.TARGET), draft or str(demo.DRAFT), max_len or demo.MAX_MODEL_LEN
-        dtype = dtype or demo.DTYPE
-    gmu = o["gpu_memory_utilization"] if o["gpu_memory_utilization"] is not None else (0.3 if platform == "cpu" else None)
-    settings = Settings(model=model, draft_model=draft, eagle_head=o["eagle_head"], eagle3_head=o["eagle3_head"],
-                        dtype=dtype, max_model_len=max_len, gpu_memory_utilization=gmu, seed=o["seed"],
-                        trust_remote_code=o["trust_remote_code"])
-    sp = load_space(o["space"] or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
-                    models=settings.available_models(), tags=hardware.platform_tags(platform))
-    fitted = fit_model(wl, model=model, max_model_len=max_len, tokenizer=settings.tokenizer,
-                       trust_remote_code=o["trust_remote_code"], drop=o["drop_too_long"])
-    wl = fitted.workload
-    name = o["study"] or Path(o["workload"]).stem
-    out = o["results"] / name
-    cfg = StudyConfig(name=name, results_dir=out, settings=settings, objectives=objectives, n_trials=o["trials"],
-                      storage=o["storage"], load=load, extra_loads=extra_loads, repeats=o["repeats"],
-                      max_repeats=o["max_repeats"], warmup=o["warmup"], slos=parse_slos(o["slo"]),
-                      trial_timeout_s=o["trial_timeout"], seed=o["seed"], samples=o["samples"],
-                      lossy_min_gain=o["lossy_min_gain"],
-                      tolerances=Tolerances(lossless=o["lossless_tolerance"], max_drift=o["max_drift"],
-                                            max_logprob_drift=o["max_logprob_drift"]),
-                      # A test hook: CLI-level orchestration tests name the FAKE engine here.
-                      engine_module=os.environ.get("AUTOTUNE_ENGINE_MODULE", "autotune.engine"))
-    envs = devices.partition(o["workers"], platform)
-    say = err if o["json_"] else console  # --json: stdout carries the JSON only
-    say.print(f"autotune {__version__}: {len(wl.requests)} requests from {wl.path}, space '{sp.name}' "
-                  f"on {platform}, model {model}" + (f", {len(envs)} workers" if len(envs) > 1 else ""),
-                  highlight=False)
-    for note in sp.dropped:
-        say.print(f"  [dim]left out: {note}[/dim]", highlight=False)
-    if fitted.warning:
-        from rich.markup import escape as plain
-
-        say.print(f"[yellow]warning:[/yellow] {plain(fitted.warning)}", highlight=False)
-    if fitted.dropped:
-        say.print(f"--drop-too-long: dropped {len(fitted.dropped)} request(s) over the context of {fitted.context} "
-                  f"tokens, e.g. {fitted.dropped[0]}; {len(wl.requests)} left", highlight=False)
-    enqueue = [_parse_try(t, sp) for t in o["try_"] or []]
-    deployed = None
-    if o["warm_start"] is not None:
-        deployed, more = _warm_start(o["warm_start"], sp, settings, wl.path, say)
-        enqueue += more
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*columns, console=say, transient=True) as progress:
-        task = progress.add_task("starting", total=cfg.n_trials)
-        st = run_study(cfg, wl, sp, progress=_RichProgress(progress, task, out if _verbose else None),
-                       resume=o["resume"], enqueue=enqueue,
-                       deployed=deployed, worker_envs=envs)
-    if o["warm_start"] is not None:
-        st.set_user_attr("warm_start", {"from": str(o["warm_start"])})
-    report = write_results(st, out, settings=settings, platform=hardware.describe(), objectives=list(objectives),
-                           storage_url=cfg.storage_url)
-    if o["json_"]:
+    if json_:
         print(json.dumps(report, indent=2))
-        if not report.get("best"):
-            raise typer.Exit(1)
-        return
-    say.print(pareto_table(report))
-    if (report.get("best") or {}).get("speedup_by_category"):
-        say.print(category_table(report["best"]))
-    if report.get("best"):
-        b = report["best"]
-        say.print(f"best: trial {b['trial']} [b]{b['label']}[/b] at "
-                      f"{b['speedup']['output_tok_s']:.2f}x{_interval(b['speedup'])} the baseline's output tok/s "
-                      f"(95% bootstrap interval over windows); verdict {b['verdict']['reason']}",
-                      highlight=False, soft_wrap=True)
-        if report.get("lossless_first"):
-            say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)
-        say.print(f"serve it: {out / 'serve.sh'}", highlight=False)
-    say.print(f"results: {out}/ (trials.csv, trials.parquet, pareto.csv, best.json, serve.sh, report.md); "
-              f"plots: autotune report {out}", highlight=False)
+    else:
+        search_summary(say, report, opts.results / report["study"])
     if not report.get("best"):
         raise typer.Exit(1)
-
-
-def _warm_start(path: Path, space: Any, settings: Any, workload: str, say: Console
-                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The old pick (re-measured first, as the deployed config) and the rest of its Pareto set, as
-    parameter sets; report what changed since. Knobs the old results do not name take the space's
-    baseline values, so the re-measured config is the deployed one, not a sampler's variation."""
-    from autotune import hardware
-    from autotune.results import load_report
-
-    old = load_report(path)
-    names = {p.name for p in space.params}
-    methods = next(x.choices for x in space.params if x.name == "method")
-    picks = ([old["best"]] if old.get("best") else []) + list(old.get("pareto") or [])
-    params: list[dict[str, Any]] = []
-    for e in picks:
-        p = {**space.baseline_trial_params(), **{k: v for k, v in e["candidate"].items() if k in names}}
-        if p not in params and p.get("method", "none") in methods:
-            params.append(p)
-    deployed = params.pop(0) if params and old.get("best") and \
-        old["best"]["candidate"].get("method", "none") in methods else None
-    then = {"vLLM": old.get("vllm_version"), "model": ((old.get("best") or {}).get("engine_kwargs") or {}).get("model"),
-            "workload": old.get("workload")}
-    now = {"vLLM": hardware.vllm_version(), "model": settings.model, "workload": workload}
-    for k in then:
-        if then[k] != now[k]:
-            say.print(f"[yellow]warm start:[/yellow] {k} changed since {path}: {then[k]} -> {now[k]}", highlight=False)
-    if deployed is None and old.get("best"):
-        say.print(f"[yellow]warm start:[/yellow] the deployed config ({old['best']['label']}) is outside space "
-                  f"'{space.name}': `autotune check` will compare speedups across the two runs", highlight=False)
-    say.print(f"warm start: re-measuring {len(params) + (deployed is not None)} config(s) from {path} first",
-              highlight=False)
-    return deployed, params
-
-
-def _parse_try(text: str, space: Any) -> dict[str, Any]:
-    try:
-        params = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"--try: not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
-    names = {p.name for p in space.params}
-    if not isinstance(params, dict) or set(params) - names:
-        bad = sorted(set(params) - names)[0] if isinstance(params, dict) else params
-        raise BadInput(f"--try: key {bad!r}: expected parameters of space '{space.name}' ({', '.join(sorted(names))})")
-    # The config given, not a sampler's variation of it: knobs left out take the baseline's values.
-    return {**space.baseline_trial_params(), **params}
-
-
-FORMATS = ("command", "yaml", "json")
 
 
 def _newest_results(root: Path = Path("results")) -> Path:
@@ -434,6 +248,17 @@ def _newest_results(root: Path = Path("results")) -> Path:
     if not found:
         raise BadInput(f"{root}: no results found (expected {root}/<study>/best.json; run `autotune search` first)")
     return found[-1].parent
+
+
+def _chosen(results: Path | None, what: str) -> dict[str, Any]:
+    """The chosen config's report entry of a results folder (default: the newest under ./results)."""
+    from autotune.results import load_report
+
+    results = results or _newest_results()
+    report = load_report(results)
+    if not report.get("best"):
+        raise BadInput(f"{results}: the study found no feasible configuration to {what}")
+    return report["best"]
 
 
 @app.command(epilog="Examples:\n\n  autotune export results/json_edit\n\n"
@@ -445,19 +270,10 @@ def export(
 ) -> None:
     """Print the chosen config as a `vllm serve` command, a --config YAML, or LLM() kwargs."""
     from autotune.export import command, config_yaml, llm_kwargs_json
-    from autotune.results import load_report
 
-    try:
-        if format not in FORMATS:
-            raise BadInput(f"--format: expected one of {', '.join(FORMATS)}, got {format!r}")
-        results = results or _newest_results()
-        report = load_report(results)
-        if not report.get("best"):
-            raise BadInput(f"{results}: the study found no feasible configuration to export")
-        kw = report["best"]["engine_kwargs"]
-    except AutotuneError as e:
-        _fail(e)
-    out = {"command": command, "yaml": config_yaml, "json": llm_kwargs_json}[format](kw)
+    fmt = _choice(ExportFormat, format, "--format")
+    kw = _chosen(results, "export")["engine_kwargs"]
+    out = {ExportFormat.command: command, ExportFormat.yaml: config_yaml, ExportFormat.json: llm_kwargs_json}[fmt](kw)
     sys.stdout.write(out if out.endswith("\n") else out + "\n")
 
 
@@ -472,16 +288,9 @@ def serve(ctx: typer.Context,
     Extra arguments (--port, --host, ...) are passed to vLLM.
     """
     from autotune.export import serve_argv
-    from autotune.results import load_report
 
-    try:
-        results = results or _newest_results()
-        report = load_report(results)
-        if not report.get("best"):
-            raise BadInput(f"{results}: the study found no feasible configuration to serve")
-    except AutotuneError as e:
-        _fail(e)
-    argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(report["best"]["engine_kwargs"]), *ctx.args]
+    argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(_chosen(results, "serve")["engine_kwargs"]),
+            *ctx.args]
     os.execv(sys.executable, argv)  # the server becomes this process: signals reach it directly
 
 
@@ -501,10 +310,7 @@ def check(
     from autotune.check import compare, markdown, parse_tolerance
     from autotune.results import load_report
 
-    try:
-        result = compare(load_report(results), load_report(against), tolerance=parse_tolerance(tolerance))
-    except AutotuneError as e:
-        _fail(e)
+    result = compare(load_report(results), load_report(against), tolerance=parse_tolerance(tolerance))
     summary = markdown(result)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
@@ -527,10 +333,7 @@ def report(
     """
     from autotune.report import write_report
 
-    try:
-        files = write_report(results, output)
-    except AutotuneError as e:
-        _fail(e)
+    files = write_report(results, output)
     for f in files:
         console.print(f"wrote {f}", highlight=False)
 
@@ -545,8 +348,7 @@ app.add_typer(workload_app, name="workload")
                       "--max-model-len 4096")
 def workload_inspect(
     file: Annotated[Path, typer.Argument(help="Workload file.")],
-    format: Annotated[str, typer.Option("--format", help="auto, native, openai-batch, sharegpt, vllm-bench, "
-                                                        "questions.")] = "auto",
+    format: Annotated[str, typer.Option("--format", help=f"Workload format: {', '.join(FORMATS)}.")] = "auto",
     output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none.")] = None,
     turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
     model: Annotated[Optional[str], typer.Option(help="Count prompt tokens with this model's tokenizer. Default: "
@@ -563,67 +365,27 @@ def workload_inspect(
     from autotune.inspection import summarize
     from autotune.workload import load_workload
 
-    try:
-        wl = load_workload(file, format=format, output_len=output_len, turns=turns)
-        tok, context = None, None
-        if model is None and demo.available():
-            model, max_model_len = str(demo.TARGET), max_model_len or demo.MAX_MODEL_LEN
-        if model is not None:
-            try:
-                tok = load_tokenizer(model, trust_remote_code=trust_remote_code)
-                context = model_context(model, max_model_len)
-            except Exception as e:  # noqa: BLE001 - lengths in words instead, and say why
-                from rich.markup import escape as plain
+    wl = load_workload(file, format=_workload_format(format), output_len=output_len, turns=_turns(turns))
+    tok, context = None, None
+    if model is None and demo.available():
+        model, max_model_len = str(demo.TARGET), max_model_len or demo.MAX_MODEL_LEN
+    if model is not None:
+        try:
+            tok = load_tokenizer(model, trust_remote_code=trust_remote_code)
+            context = model_context(model, max_model_len)
+        except Exception as e:  # noqa: BLE001 - lengths in words instead, and say why
+            from rich.markup import escape as plain
 
-                err.print(f"[yellow]warning:[/yellow] could not load the tokenizer of {plain(model)} "
-                          f"({plain(f'{type(e).__name__}: {str(e)[:160]}')}); lengths in words", highlight=False)
-        info = summarize(wl, tokenizer=tok, context=context)
-        info["tokenizer"] = model if tok is not None else None
-    except AutotuneError as e:
-        _fail(e)
+            err.print(f"[yellow]warning:[/yellow] could not load the tokenizer of {plain(model)} "
+                      f"({plain(f'{type(e).__name__}: {str(e)[:160]}')}); lengths in words", highlight=False)
+    info = summarize(wl, tokenizer=tok, context=context)
+    info["tokenizer"] = model if tok is not None else None
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return
-    console.print(_inspect_table(info))
+    console.print(inspect_table(info))
     if info["categories"]:
-        console.print(_categories_table(info))
-
-
-def _dist_text(d: dict[str, float]) -> str:
-    return f"p50 {d['p50']:.3g}  p90 {d['p90']:.3g}  min {d['min']:.3g}  max {d['max']:.3g}"
-
-
-def _inspect_table(info: dict[str, Any]) -> Table:
-    t = Table(title=f"{info['file']}: {info['requests']} requests", show_header=False)
-    if info["prompt_tokens"] is not None:
-        t.add_row("prompt tokens", _dist_text(info["prompt_tokens"]) + f"  ({info['tokenizer']})")
-    for key in ("prompt_words", "prompt_chars", "max_tokens", "prompt_repetition"):
-        t.add_row(key.replace("_", " "), _dist_text(info[key]))
-    t.add_row("sampling", f"{info['greedy']} greedy, {info['sampled']} sampled ({info['seeded']} seeded)")
-    t.add_row("chat requests", f"{info['chat_requests']} ({info['multi_turn_requests']} multi-turn)")
-    t.add_row("with expectations", str(info["with_expectations"]))
-    a = info["arrivals"]
-    t.add_row("arrivals", "none (replayed closed-loop)" if a is None else
-              f"{a['timed']} timed over {a['span_s']:.1f} s")
-    t.add_row("ngram lookup", f"{info['ngram_hint']} ({info['edit_like_requests']} edit-like requests)")
-    if info["too_long"] is not None:
-        bad = info["too_long"]
-        t.add_row("over the context", f"none (context {info['context']} tokens)" if not bad else
-                  f"[red]{len(bad)}[/red] over {info['context']} tokens, e.g. {bad[0]['id']!r} "
-                  f"({bad[0]['prompt_tokens']} prompt + {bad[0]['max_tokens']} max_tokens)")
-    return t
-
-
-def _categories_table(info: dict[str, Any]) -> Table:
-    unit = "tokens" if info["prompt_tokens"] is not None else "words"
-    t = Table(title="By category")
-    for col in ("category", "requests", "turns", f"prompt {unit} p50", f"prompt {unit} max", "max_tokens p50"):
-        t.add_column(col, justify="left" if col == "category" else "right")
-    for name, c in info["categories"].items():
-        d = c["prompt_tokens"] if unit == "tokens" else c["prompt_words"]
-        t.add_row(name, str(c["requests"]), str(c["turns"]), f"{d['p50']:.0f}", f"{d['max']:.0f}",
-                  f"{c['max_tokens']['p50']:.0f}")
-    return t
+        console.print(categories_table(info))
 
 
 @workload_app.command("convert", epilog="Examples:\n\n  autotune workload convert sharegpt.json -o workload.jsonl\n\n"
@@ -631,18 +393,14 @@ def _categories_table(info: dict[str, Any]) -> Table:
 def workload_convert(
     file: Annotated[Path, typer.Argument(help="Workload file in any supported format.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the native JSONL.")],
-    format: Annotated[str, typer.Option("--format", help="auto, native, openai-batch, sharegpt, vllm-bench, "
-                                                        "questions.")] = "auto",
+    format: Annotated[str, typer.Option("--format", help=f"Workload format: {', '.join(FORMATS)}.")] = "auto",
     output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none.")] = None,
     turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
 ) -> None:
     """Write a workload in the native JSONL form."""
     from autotune.workload import load_workload
 
-    try:
-        wl = load_workload(file, format=format, output_len=output_len, turns=turns)
-    except AutotuneError as e:
-        _fail(e)
+    wl = load_workload(file, format=_workload_format(format), output_len=output_len, turns=_turns(turns))
     output.write_text("".join(json.dumps(r.to_json()) + "\n" for r in wl.requests))
     console.print(f"wrote {len(wl.requests)} requests to {output}", highlight=False)
 

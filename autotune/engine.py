@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from autotune.records import Job, RawRun
 from autotune.workload import turn_id
 
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -272,7 +273,7 @@ def _engine_args(cls: Any, kwargs: dict[str, Any]) -> Any:
     return cls(**kwargs, **extra)
 
 
-async def _run(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
+async def _run(job: Job, phase: Phase) -> RawRun:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -319,6 +320,6 @@ async def _windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
     return windows
 
 
-def run_job(job: dict[str, Any], phase: Phase) -> dict[str, Any]:
+def run_job(job: Job, phase: Phase) -> RawRun:
     """Start the engine for ``job['engine_kwargs']``, warm up, replay, return a RawRun dict."""
     return asyncio.run(_run(job, phase))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.records import Measurement, RawRun, Window
+
 import numpy as np
 
 STATS = (("mean", None), ("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99))
@@ -35,7 +37,7 @@ def complete(rec: dict[str, Any]) -> bool:
     return rec.get("error") is None and rec.get("finish_reason") in ("stop", "length") and bool(rec["chunks"])
 
 
-def measure(raw: dict[str, Any]) -> dict[str, Any]:
+def measure(raw: Window) -> Measurement:
     """Compile one measured window (requests, window_s, spec_counters) into flat metrics."""
     recs = raw["requests"]
     done = [r for r in recs if complete(r)]
@@ -104,7 +106,7 @@ def _sum_counters(windows: list[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def measure_run(raw: dict[str, Any]) -> dict[str, Any]:
+def measure_run(raw: RawRun | dict[str, Any]) -> Measurement:
     """All windows of a run: the median of each metric, its MAD, and acceptance over all windows.
 
     One number from one window is not trusted: each window replays the whole workload on a cold

@@ -10,9 +10,11 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune import attrs
+from autotune.attrs import DEPLOYED
 from autotune.candidate import Candidate
 from autotune.metrics import ratio_interval
-from autotune.study import DEPLOYED, baseline_trial
+from autotune.study import baseline_trial
 
 METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
                   "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
@@ -37,7 +39,7 @@ LOSSY_MIN_GAIN = 0.03  # default --lossy-min-gain
 
 def _windows(t: FrozenTrial, objective: str) -> list[float]:
     metric, _, level = objective.partition("@")
-    return t.user_attrs["measurement"].get(f"{metric}_windows" + (f"@{level}" if level else "")) or []
+    return t.user_attrs[attrs.MEASUREMENT].get(f"{metric}_windows" + (f"@{level}" if level else "")) or []
 
 
 def lossy_gain(lossy: FrozenTrial, lossless: FrozenTrial, objective: str, maximize: bool) -> tuple[float, float]:
@@ -72,12 +74,12 @@ def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choic
     sign = 1 if maximize else -1
     best = max(front, key=lambda t: sign * t.values[0])
     lossless = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if feasible(t) and not Candidate(t.user_attrs["candidate"]).lossy]
-    if not Candidate(best.user_attrs["candidate"]).lossy or not lossless:
+                if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy]
+    if not Candidate(best.user_attrs[attrs.CANDIDATE]).lossy or not lossless:
         return Choice(best)
     rival = max(lossless, key=lambda t: sign * t.values[0])
-    gain = study.user_attrs.get("lossy_min_gain", LOSSY_MIN_GAIN) if lossy_min_gain is None else lossy_min_gain
-    objective = (study.user_attrs.get("objectives") or ["output_tok_s"])[0]
+    gain = study.user_attrs.get(attrs.LOSSY_MIN_GAIN, LOSSY_MIN_GAIN) if lossy_min_gain is None else lossy_min_gain
+    objective = (study.user_attrs.get(attrs.OBJECTIVES) or ["output_tok_s"])[0]
     lo, hi = lossy_gain(best, rival, objective, maximize)
     if lo == lo and lo > 1 + gain:
         return Choice(best, min_gain=gain)
@@ -97,12 +99,12 @@ def deployed_trial(study: optuna.Study) -> FrozenTrial | None:
     so it was a duplicate), or a retry after an interruption.
     """
     trials = study.get_trials(deepcopy=False)
-    marked = next((t for t in trials if t.user_attrs.get("role") == DEPLOYED), None)
+    marked = next((t for t in trials if t.user_attrs.get(attrs.ROLE) == DEPLOYED), None)
     if marked is None:
         return None
-    key = Candidate(marked.user_attrs.get("candidate", {})).key()
-    measured = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "duplicate_of" not in t.user_attrs
-                and not t.user_attrs.get("interrupted") and Candidate(t.user_attrs.get("candidate", {})).key() == key]
+    key = Candidate(marked.user_attrs.get(attrs.CANDIDATE, {})).key()
+    measured = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL) and attrs.DUPLICATE_OF not in t.user_attrs
+                and not t.user_attrs.get(attrs.INTERRUPTED) and Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() == key]
     return next((t for t in measured if t.state == TrialState.COMPLETE), measured[0] if measured else None)
 
 
@@ -125,21 +127,21 @@ def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per measured or failed trial: params, metrics, verdict, failure reason, speedup."""
     base = baseline_trial(study)
-    base_m = base.user_attrs["measurement"] if base else None
+    base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
     front = {t.number for t in pareto_trials(study)}
     # Every objective gets a column, so that a report can draw the front from this table alone.
     # Extra load levels (objective@level): the headline metrics at each level as well.
-    at_levels = [f"{k}@{lvl}" for lvl in study.user_attrs.get("levels", [])[1:] for k in LEVEL_COLUMNS]
-    metrics = dict.fromkeys((*METRIC_COLUMNS, *study.user_attrs.get("objectives", []), *at_levels))
+    at_levels = [f"{k}@{lvl}" for lvl in study.user_attrs.get(attrs.LEVELS, [])[1:] for k in LEVEL_COLUMNS]
+    metrics = dict.fromkeys((*METRIC_COLUMNS, *study.user_attrs.get(attrs.OBJECTIVES, []), *at_levels))
     rows = []
     for t in study.get_trials(deepcopy=False):
-        if "duplicate_of" in t.user_attrs or t.state not in (TrialState.COMPLETE, TrialState.FAIL):
+        if attrs.DUPLICATE_OF in t.user_attrs or t.state not in (TrialState.COMPLETE, TrialState.FAIL):
             continue
         ua = t.user_attrs
-        m, v = ua.get("measurement", {}), ua.get("verdict", {})
-        row: dict[str, Any] = {"trial": t.number, "state": t.state.name, "role": ua.get("role", "candidate"),
-                               "label": ua.get("label"), "pareto": t.number in front}
-        row.update({f"param_{k}": val for k, val in ua.get("candidate", {}).items()})
+        m, v = ua.get(attrs.MEASUREMENT, {}), ua.get(attrs.VERDICT, {})
+        row: dict[str, Any] = {"trial": t.number, "state": t.state.name, "role": ua.get(attrs.ROLE, "candidate"),
+                               "label": ua.get(attrs.LABEL), "pareto": t.number in front}
+        row.update({f"param_{k}": val for k, val in ua.get(attrs.CANDIDATE, {}).items()})
         row.update({k: m.get(k) for k in metrics})
         row["acceptance_by_pos"] = " ".join(f"{x:.3f}" for x in m.get("acceptance_by_pos", []))
         if m and base_m:
@@ -148,10 +150,10 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["token_agreement"] = v.get("token_agreement")
         row["verdict"] = v.get("reason")
         row["goodput"] = m.get("goodput")
-        row["slo_missed"] = ", ".join(ua.get("slo_missed", [])) or None
+        row["slo_missed"] = ", ".join(ua.get(attrs.SLO_MISSED, [])) or None
         row["noisy"] = m.get("noisy")
-        row["failure"] = ua.get("failure")
-        row["wall_s"] = ua.get("wall_s")
-        row["worker"] = ua.get("worker")  # host:pid/thread, for studies shared by several workers
+        row["failure"] = ua.get(attrs.FAILURE)
+        row["wall_s"] = ua.get(attrs.WALL_S)
+        row["worker"] = ua.get(attrs.WORKER)  # host:pid/thread, for studies shared by several workers
         rows.append(row)
     return pd.DataFrame(rows)

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from autotune import __version__
+from autotune import __version__, attrs
 from autotune.candidate import Candidate
 from autotune.categories import category_speedup
 from autotune.errors import BadInput
@@ -51,29 +51,29 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
     _write_by_category(study, base, results_dir)
 
     def entry(t: Any) -> dict[str, Any]:
-        cand = Candidate(t.user_attrs["candidate"])
+        cand = Candidate(t.user_attrs[attrs.CANDIDATE])
         if t.state.name != "COMPLETE":  # a failed trial (only the deployed entry can be one)
-            return {"trial": t.number, "label": t.user_attrs["label"], "candidate": cand.params,
-                    "failure": t.user_attrs.get("failure", "unknown")}
-        m = t.user_attrs["measurement"]
-        e = {"trial": t.number, "label": t.user_attrs["label"], "candidate": cand.params,
+            return {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
+                    "failure": t.user_attrs.get(attrs.FAILURE, "unknown")}
+        m = t.user_attrs[attrs.MEASUREMENT]
+        e = {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
              "engine_kwargs": cand.engine_kwargs(settings), "measurement": m,
-             "verdict": t.user_attrs["verdict"],
-             "speedup": speedup(m, base.user_attrs["measurement"]) if base else None}
+             "verdict": t.user_attrs[attrs.VERDICT],
+             "speedup": speedup(m, base.user_attrs[attrs.MEASUREMENT]) if base else None}
         if "by_category" in m and base:  # which kinds of request gain, which lose
             e["speedup_by_category"] = category_speedup(m["by_category"],
-                                                        base.user_attrs["measurement"].get("by_category", {}))
+                                                        base.user_attrs[attrs.MEASUREMENT].get("by_category", {}))
         return e
 
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "study": study.study_name, "storage": redact(storage_url),
-        "workload": study.user_attrs.get("workload"), "space": study.user_attrs.get("space"),
-        "load": study.user_attrs.get("load"), "concurrency": study.user_attrs.get("concurrency"),
+        "workload": study.user_attrs.get(attrs.WORKLOAD), "space": study.user_attrs.get(attrs.SPACE),
+        "load": study.user_attrs.get(attrs.LOAD), "concurrency": study.user_attrs.get(attrs.CONCURRENCY),
         "objectives": objectives,
         "platform": platform,
-        "vllm_version": (base.user_attrs.get("vllm_version") if base else None) or platform.get("vllm"),
+        "vllm_version": (base.user_attrs.get(attrs.VLLM_VERSION) if base else None) or platform.get("vllm"),
         "trials": {"finished": int(len(frame)),
                    "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0},
         "baseline": entry(base) if base else None,
@@ -83,12 +83,12 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
         "deployed": entry(deployed) if deployed else None,
         # Lossless first: the faster lossy trial the pick was chosen over, and why.
         "lossless_first": None if choice is None or choice.passed_over is None else {
-            "passed_over": choice.passed_over.number, "label": choice.passed_over.user_attrs["label"],
+            "passed_over": choice.passed_over.number, "label": choice.passed_over.user_attrs[attrs.LABEL],
             "gain_lo": choice.gain[0], "gain_hi": choice.gain[1], "min_gain": choice.min_gain,
-            "reason": f"{choice.passed_over.user_attrs['label']} is lossy and its gain over the best lossless config, "
+            "reason": f"{choice.passed_over.user_attrs[attrs.LABEL]} is lossy and its gain over the best lossless config, "
                       f"[{choice.gain[0]:.3f}, {choice.gain[1]:.3f}]x (95% interval), does not lie above "
                       f"1 + {choice.min_gain:.0%}: the lossless config is the pick"},
-        "warm_start": study.user_attrs.get("warm_start"),
+        "warm_start": study.user_attrs.get(attrs.WARM_START),
     }
     report = _clean(report)
     if best is not None:
@@ -108,12 +108,12 @@ def _write_by_category(study: Any, base: Any, results_dir: Path) -> None:
 
     from autotune.categories import COLUMNS, rows
 
-    base_cats = base.user_attrs["measurement"].get("by_category") if base else None
+    base_cats = base.user_attrs[attrs.MEASUREMENT].get("by_category") if base else None
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        cats = (t.user_attrs.get("measurement") or {}).get("by_category")
-        if cats and "duplicate_of" not in t.user_attrs:
-            out += rows(t.number, t.user_attrs.get("label"), t.user_attrs.get("role", "candidate"), cats,
+        cats = (t.user_attrs.get(attrs.MEASUREMENT) or {}).get("by_category")
+        if cats and attrs.DUPLICATE_OF not in t.user_attrs:
+            out += rows(t.number, t.user_attrs.get(attrs.LABEL), t.user_attrs.get(attrs.ROLE, "candidate"), cats,
                         category_speedup(cats, base_cats) if base_cats else None)
     if out:
         pd.DataFrame(out, columns=list(COLUMNS)).to_csv(results_dir / "by_category.csv", index=False)

@@ -59,9 +59,9 @@ def open_storage(url: str) -> BaseStorage:
 
 def has_heartbeat(storage: BaseStorage) -> bool:
     # A study wraps its RDBStorage in a cache that passes heartbeats through; ask Optuna.
-    from optuna.storages._heartbeat import is_heartbeat_enabled
+    from autotune.optuna_private import heartbeat_enabled
 
-    return is_heartbeat_enabled(storage)
+    return heartbeat_enabled(storage)
 
 
 def worker_id(thread: int = 0) -> str:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.records import Job, RawRun
+
 OnEvent = Callable[[dict[str, Any]], None]
 WORKER_LOG = "worker.log"  # the worker's stdout and stderr, in its trial folder
 
@@ -30,7 +32,7 @@ WORKER_LOG = "worker.log"  # the worker's stdout and stderr, in its trial folder
 class TrialOutcome:
     """What the parent learns from one worker: a RawRun dict, or a failure reason."""
 
-    raw: dict[str, Any] | None
+    raw: RawRun | None
     failure: str | None
     wall_s: float
     log_path: str
@@ -66,7 +68,7 @@ def _end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         return
 
 
-def run_trial(job: dict[str, Any], workdir: Path, *, timeout_s: float, on_event: OnEvent | None = None,
+def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | None = None,
               python: str = sys.executable, env: dict[str, str] | None = None,
               stop: threading.Event | None = None) -> TrialOutcome:
     """Run ``job`` in a fresh worker process under a time limit; never raises for a bad candidate.

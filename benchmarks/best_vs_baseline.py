@@ -17,7 +17,8 @@ from autotune.candidate import Candidate, Settings
 from autotune.load import LoadPattern
 from autotune.metrics import measure_run
 from autotune.results import load_report
-from autotune.study import StudyConfig, trial_job
+from autotune.config import StudyConfig
+from autotune.evaluate import trial_job
 from autotune.worker import run_trial
 from autotune.workload import load_workload
 

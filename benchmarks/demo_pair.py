@@ -17,10 +17,8 @@ from pathlib import Path
 from autotune import demo
 from autotune.candidate import Candidate, Settings
 from autotune.load import LoadPattern
-from autotune.metrics import measure_run
-from autotune.study import StudyConfig, trial_job
-from autotune.validate import Tolerances, verdict
-from autotune.worker import run_trial
+from autotune.config import StudyConfig
+from autotune.evaluate import run_and_evaluate
 from autotune.workload import load_workload
 
 
@@ -36,25 +34,23 @@ def main() -> None:
     settings = Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), max_model_len=demo.MAX_MODEL_LEN,
                         gpu_memory_utilization=0.3, dtype=args.dtype)
     cfg = StudyConfig(name="bench", results_dir=Path(tempfile.mkdtemp()), settings=settings,
-                      load=LoadPattern(concurrency=args.concurrency), repeats=args.repeats)
+                      load=LoadPattern(concurrency=args.concurrency), repeats=args.repeats,
+                      trial_timeout_s=900)
     cands = [Candidate({"method": "none", "enforce_eager": True}),
              Candidate({"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4,
                         "prompt_lookup_min": 2, "enforce_eager": True}),
              Candidate({"method": "draft_model", "num_speculative_tokens": args.k, "enforce_eager": True})]
-    base_recs, base_tps = None, None
+    reference, base_tps = None, None
     print(f"workload {wl.path}: {len(wl.requests)} requests, concurrency {args.concurrency}")
     for c in cands:
-        job = trial_job(c, wl, cfg)
         t0 = time.monotonic()
-        out = run_trial(job, cfg.results_dir / c.method, timeout_s=900)
-        if out.raw is None:
+        out, ev = run_and_evaluate(c, wl, cfg, cfg.results_dir / c.method, reference=reference)
+        if ev is None:
             print(f"{c.label:<32} FAILED: {out.failure}")
             continue
-        m = measure_run(out.raw)
-        recs = out.raw["windows"][0]["requests"]
-        v = verdict(job["requests"], recs, base_recs, lossy=False, tol=Tolerances())
-        if base_recs is None:
-            base_recs, base_tps = recs, m["output_tok_s"]
+        m, v = ev.measurement, ev.verdict
+        if reference is None:
+            reference, base_tps = ev.reference, m["output_tok_s"]
         windows = " ".join(f"{x:.1f}" for x in m["output_tok_s_windows"])
         print(f"{c.label:<32} {m['output_tok_s']:7.1f} tok/s (windows {windows})  {m['output_tok_s'] / base_tps:5.2f}x  "
               f"e2e p50 {m['e2e_ms_p50']:6.0f} ms  engine init {m['engine_init_s']:5.1f} s  "

@@ -24,9 +24,8 @@ from autotune.candidate import Candidate, Settings
 from autotune.demo.corpus import fresh_examples
 from autotune.demo.quality import check, rates
 from autotune.load import LoadPattern
-from autotune.metrics import measure_run
-from autotune.study import StudyConfig, trial_job
-from autotune.worker import run_trial
+from autotune.config import StudyConfig
+from autotune.evaluate import run_and_evaluate
 from autotune.workload import load_workload
 
 FRESH_SEED = 2027
@@ -46,14 +45,13 @@ def outputs(workload: Path, params: dict[str, Any], work: Path, *, concurrency: 
     settings = Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), max_model_len=demo.MAX_MODEL_LEN,
                         gpu_memory_utilization=0.3, dtype=demo.DTYPE)
     cfg = StudyConfig(name="quality", results_dir=work, settings=settings, load=LoadPattern(concurrency=concurrency),
-                      repeats=1, warmup=2, samples=0)
-    job = trial_job(Candidate({**params, "enforce_eager": True}), wl, cfg)
-    out = run_trial(job, work / Candidate(params).method, timeout_s=900)
-    if out.raw is None:
+                      repeats=1, warmup=2, samples=0, trial_timeout_s=900)
+    out, ev = run_and_evaluate(Candidate({**params, "enforce_eager": True}), wl, cfg, work / Candidate(params).method)
+    if ev is None:
         raise SystemExit(f"{workload}: the engine run failed: {out.failure}")
-    recs = out.raw["windows"][0]["requests"]
-    prompts = {r["id"]: r for r in job["requests"]}
-    return {"texts": {r["id"]: r["text"] for r in recs}, "prompts": prompts, "measurement": measure_run(out.raw)}
+    prompts = {r.id: {"prompt": r.prompt, "messages": r.messages} for r in wl.requests}
+    return {"texts": {o["id"]: o["text"] for o in ev.reference.outputs}, "prompts": prompts,
+            "measurement": ev.measurement}
 
 
 def judged(run: dict[str, Any]) -> dict[str, Any]:

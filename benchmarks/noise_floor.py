@@ -29,7 +29,8 @@ from typing import Any
 from autotune import demo
 from autotune.candidate import Candidate, Settings
 from autotune.load import LoadPattern
-from autotune.study import StudyConfig, trial_job
+from autotune.config import StudyConfig
+from autotune.evaluate import trial_job
 from autotune.validate import Tolerances, verdict
 from autotune.worker import run_trial
 from autotune.workload import load_workload

@@ -10,9 +10,9 @@ import pytest
 
 from autotune import demo, hardware
 from autotune.candidate import Candidate, Settings
-from autotune.study import StudyConfig, trial_job
+from autotune.config import StudyConfig
+from autotune.evaluate import run_and_evaluate
 from autotune.validate import Tolerances, verdict
-from autotune.worker import run_trial
 from autotune.workload import load_workload
 
 pytestmark = pytest.mark.engine
@@ -39,26 +39,17 @@ def judged(tmp_path_factory):
     root = tmp_path_factory.mktemp("correctness")
     wl = load_workload("tests/data/correctness.jsonl")
     cfg = StudyConfig(name="correctness", results_dir=root, samples=128, repeats=1,
+                      tolerances=Tolerances(max_drift=0.0, max_logprob_drift=0.0),
                       settings=Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), dtype=demo.DTYPE,
                                         max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
-    out, base = {}, None
+    out, reference = {}, None
     for name, (params, fault) in RUNS.items():
         cand = Candidate(params)
-        job = trial_job(cand, wl, cfg)
-        if fault:
-            job["inject_fault"] = fault
-        if base is not None:  # score the baseline's greedy tokens, as a study's candidates do
-            job["reference"] = {rid: s["token_ids"] for rid, s in base["scores"].items()}
-        res = run_trial(job, root / name, timeout_s=600)
-        assert res.raw is not None, f"{name}: {res.failure}"
-        if base is None:
-            base = res.raw
-        recs = res.raw["windows"][0]["requests"]
-        v = verdict(job["requests"], recs, None if name == "baseline" else base["windows"][0]["requests"],
-                    lossy=cand.lossy, tol=Tolerances(max_drift=0.0, max_logprob_drift=0.0), samples=res.raw["samples"],
-                    base_samples=None if name == "baseline" else base["samples"], scores=res.raw["scores"],
-                    base_scores=None if name == "baseline" else base["scores"])
-        out[name] = (cand, res.raw, v)
+        # As a study's trials: candidates score the baseline's greedy tokens and are judged against it.
+        res, ev = run_and_evaluate(cand, wl, cfg, root / name, reference=reference, fault=fault)
+        assert ev is not None, f"{name}: {res.failure}"
+        reference = reference or ev.reference
+        out[name] = (cand, res.raw, ev.verdict)
     return out
 
 

@@ -7,7 +7,8 @@ import pytest
 from autotune import demo
 from autotune.candidate import Candidate, Settings
 from autotune.load import LoadPattern
-from autotune.study import StudyConfig, trial_job
+from autotune.config import StudyConfig
+from autotune.evaluate import trial_job
 from autotune.worker import run_trial
 from autotune.workload import Request, Workload, load_workload
 

@@ -160,7 +160,7 @@ def test_a_config_that_misses_an_slo_is_never_on_the_front(tmp_path, fake_engine
 
 def test_objectives_at_two_load_levels_keep_both_sides_of_the_trade_off(tmp_path, fake_engine_env):
     from autotune.load import parse_load
-    from autotune.study import normalize_objectives
+    from autotune.objectives import normalize_objectives
 
     load = parse_load("concurrency=1")
     objectives, extra = normalize_objectives(("output_tok_s@1", "output_tok_s@8"), load)
@@ -185,7 +185,7 @@ def test_objectives_at_two_load_levels_keep_both_sides_of_the_trade_off(tmp_path
 
 def test_bad_objective_levels_are_bad_input():
     from autotune.load import parse_load
-    from autotune.study import normalize_objectives, validate_objectives
+    from autotune.objectives import normalize_objectives, validate_objectives
 
     with pytest.raises(BadInput, match="unknown objective 'speed@8'"):
         validate_objectives(("speed@8",))
@@ -195,7 +195,7 @@ def test_bad_objective_levels_are_bad_input():
 
 def test_an_objective_at_the_studys_own_load_is_the_plain_metric():
     from autotune.load import parse_load
-    from autotune.study import normalize_objectives
+    from autotune.objectives import normalize_objectives
 
     for spelled in ("output_tok_s@2", "output_tok_s@concurrency=2", "output_tok_s"):
         assert normalize_objectives((spelled,), parse_load("concurrency=2")) == (("output_tok_s",), ())

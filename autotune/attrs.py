@@ -1,0 +1,77 @@
+"""The names autotune stores in Optuna's user attributes, defined once.
+
+A study keeps everything a report needs in its storage (so an interrupted study resumes and a
+shared one has one source of truth); these are the keys, for the study, the Pareto table, the
+results files, ``check`` and the report. Read a trial's attributes through the helpers below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Trial attributes.
+ROLE = "role"  # BASELINE, DEPLOYED, EXTRA_BASELINE or absent (a candidate)
+QUEUED = "queued"  # a baseline enqueued at the study's start (goes first among baselines)
+CANDIDATE = "candidate"  # the space parameters (autotune.candidate.Candidate.params)
+LABEL = "label"
+WORKER = "worker"  # host:pid/thread
+DEVICES = "devices"  # the worker's device environment
+WALL_S = "wall_s"
+MEASUREMENT = "measurement"  # autotune.records.Measurement
+VERDICT = "verdict"  # autotune.validate.Verdict.to_dict()
+SLO_MISSED = "slo_missed"
+VLLM_VERSION = "vllm_version"
+FAILURE = "failure"  # why a trial failed (one line)
+INTERRUPTED = "interrupted"  # cut short (Ctrl-C, a dead worker): not counted, measured again
+DUPLICATE_OF = "duplicate_of"  # the trial that already measured this candidate
+# The baseline's reference for judging candidates.
+OUTPUTS = "outputs"
+SAMPLES = "samples"
+SCORES = "scores"
+
+# Roles.
+BASELINE = "baseline"
+DEPLOYED = "deployed"  # the warm start's pick, re-measured in this run so `check` compares side by side
+EXTRA_BASELINE = "extra baseline"  # a baseline queued twice (two workers started at once)
+
+# Study attributes.
+OBJECTIVES = "objectives"
+WORKLOAD = "workload"
+SPACE = "space"
+LOAD = "load"
+CONCURRENCY = "concurrency"
+LEVELS = "levels"  # the study's own load level first, then the extra ones
+LOSSY_MIN_GAIN = "lossy_min_gain"
+WARM_START = "warm_start"
+
+
+def role(t: Any) -> str | None:
+    return t.user_attrs.get(ROLE)
+
+
+def candidate(t: Any) -> dict[str, Any]:
+    return t.user_attrs.get(CANDIDATE, {})
+
+
+def label(t: Any) -> str | None:
+    return t.user_attrs.get(LABEL)
+
+
+def measurement(t: Any) -> dict[str, Any]:
+    return t.user_attrs.get(MEASUREMENT, {})
+
+
+def verdict(t: Any) -> dict[str, Any]:
+    return t.user_attrs.get(VERDICT, {})
+
+
+def failure(t: Any) -> str | None:
+    return t.user_attrs.get(FAILURE)
+
+
+def is_duplicate(t: Any) -> bool:
+    return DUPLICATE_OF in t.user_attrs
+
+
+def is_interrupted(t: Any) -> bool:
+    return bool(t.user_attrs.get(INTERRUPTED))

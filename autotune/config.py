@@ -1,0 +1,60 @@
+"""What defines one study run (StudyConfig), and what it tells the person watching (Progress).
+
+No Optuna here: the evaluation (autotune.evaluate), the benchmarks and the tests use these too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.candidate import Settings
+from autotune.load import LoadPattern
+from autotune.slo import SLO
+from autotune.validate import Tolerances
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything that defines one study run (keyword-only by convention)."""
+
+    name: str
+    results_dir: Path
+    settings: Settings
+    objectives: tuple[str, ...] = ("output_tok_s", "e2e_ms_p50")
+    n_trials: int = 10
+    storage: str | None = None
+    load: LoadPattern = field(default_factory=LoadPattern)
+    extra_loads: tuple[LoadPattern, ...] = ()  # more load levels measured on the same engine (objective@level)
+    repeats: int = 2  # measured windows per trial; objectives are their medians
+    max_repeats: int = 0  # re-measure a noisy candidate up to this many windows (0: never)
+    warmup: int = 2
+    trial_timeout_s: float = 600.0
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    seed: int = 0
+    slos: tuple[SLO, ...] = ()  # constraints: a config that misses one is infeasible
+    samples: int = 64  # draws per sampled request for the distribution test
+    sample_tokens: int = 3  # leading tokens that form one outcome of the test
+    lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
+    engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{(self.results_dir / 'study.db').resolve()}"
+
+
+class Progress(Protocol):
+    """What the study tells the person watching (the CLI draws it with Rich)."""
+
+    def trial_started(self, number: int, label: str) -> None: ...
+    def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
+    def trial_finished(self, number: int, label: str, summary: str) -> None: ...
+
+
+class Quiet:
+    """Progress that shows nothing (library use, tests)."""
+
+    def trial_started(self, number: int, label: str) -> None: ...
+    def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
+    def trial_finished(self, number: int, label: str, summary: str) -> None: ...

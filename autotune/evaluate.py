@@ -1,0 +1,142 @@
+"""Run, score, judge: a candidate's job -> its raw run -> a measurement and a verdict.
+
+One function for what a trial does between Optuna's ask and tell, so that the study, the
+benchmarks and the correctness tests run and judge a candidate the same way. No Optuna here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.candidate import Candidate
+from autotune.categories import by_category
+from autotune.config import StudyConfig
+from autotune.metrics import at_level, measure_run
+from autotune.records import Job, JobRequest, Measurement, RawRun
+from autotune.slo import goodput
+from autotune.validate import Verdict, verdict
+from autotune.worker import OnEvent, TrialOutcome, run_trial
+from autotune.workload import UNCATEGORIZED, Workload, expand_turns
+
+# The verdict's constraints, in Verdict.constraints order (<= 0 is feasible, as Optuna's).
+CONSTRAINTS = ("token_disagreement_over_budget", "expectation_regressions", "incomplete",
+               "distribution_shift", "logprob_drift_over_budget")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What candidates are judged against: the baseline's outputs, sampled draws and scores."""
+
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    samples: dict[str, list[list[int]]] = field(default_factory=dict)
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def greedy_paths(self) -> dict[str, list[int]]:
+        """Request id -> the baseline's greedy tokens, which a candidate scores teacher-forced."""
+        return {rid: s["token_ids"] for rid, s in self.scores.items()}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A measured and judged candidate (``failure`` set: the run cannot be scored)."""
+
+    measurement: Measurement
+    verdict: Verdict
+    reference: Reference  # this run's outputs, kept when it is the baseline
+    constraints: dict[str, float]
+    slo_missed: list[str]
+    values: list[float]  # the objectives, in StudyConfig.objectives order
+    failure: str | None = None
+
+    def summary(self) -> str:
+        """One line for the person watching."""
+        if self.failure:
+            return f"failed: {self.failure}"
+        m, v = self.measurement, self.verdict
+        return (f"{m['output_tok_s']:.1f} ± {m['output_tok_s_mad']:.1f} tok/s, e2e p50 {m['e2e_ms_p50']:.0f} ms, "
+                + ("correct" if v.passed else f"INCORRECT: {v.reason}")
+                + (f"; misses SLO {', '.join(self.slo_missed)}" if self.slo_missed else ""))
+
+
+def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: Reference | None = None) -> Job:
+    """The plain-data job a worker runs: engine kwargs, requests, replay settings (and, for a
+    candidate, the baseline's greedy tokens to score)."""
+    reqs: list[JobRequest] = []
+    for r in workload.requests:
+        req: dict[str, Any] = {"id": r.id, "prompt": r.prompt, "messages": list(r.messages) if r.messages else None,
+                               "turns": list(r.turns) if r.turns else None, "category": r.category,
+                               "sampling": r.sampling(), "expect": r.expect, "arrival_s": r.arrival_s}
+        reqs.append({k: v for k, v in req.items()  # type: ignore[misc]
+                     if v is not None or k not in ("prompt", "messages", "turns", "category", "arrival_s")})
+    job: Job = {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
+                "replay": {"load": cfg.load.to_dict(), "extra_loads": [x.to_dict() for x in cfg.extra_loads],
+                           "repeats": cfg.repeats, "max_repeats": cfg.max_repeats, "warmup": cfg.warmup,
+                           "samples": cfg.samples, "sample_tokens": cfg.sample_tokens},
+                "engine_module": cfg.engine_module}
+    if reference is not None:
+        job["reference"] = reference.greedy_paths()
+    return job
+
+
+def measure(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: StudyConfig) -> Measurement:
+    """Every load level's metrics (``metric@level`` for the extra ones), goodput, and by category."""
+    m = measure_run(raw)
+    m["goodput"] = min(goodput(w["requests"], cfg.slos) for w in raw["windows"])
+    m["remeasured_windows"] = max(0, m["windows"] - cfg.repeats)
+    for level in cfg.extra_loads:
+        at = measure_run({"windows": raw["levels"][level.label]})
+        m.update(at_level(at, level.label))
+        m["incomplete"] += at["incomplete"]
+    turns = expand_turns(requests)  # the engine returns one record per turn of a conversation
+    if any("category" in r for r in turns):
+        spec = cand.engine_kwargs(cfg.settings).get("speculative_config")
+        categories = {r["id"]: r.get("category", UNCATEGORIZED) for r in turns}
+        m["by_category"] = by_category(raw["windows"], categories, spec.get("num_speculative_tokens") if spec else 0)
+    return m
+
+
+def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: StudyConfig,
+             reference: Reference | None) -> Evaluation:
+    """Measure and judge one raw run (``reference`` None: this is the baseline)."""
+    m = measure(raw, requests, cand, cfg)
+    records = raw["windows"][0]["requests"]  # every window replays the same requests
+    # prompt_token_ids: vLLM's own tokenization, from which autotune.predict replays acceptance.
+    outputs = [{"id": r["id"], "token_ids": r["token_ids"], "text": r["text"], "finish_reason": r["finish_reason"],
+                "error": r["error"], "chunks": len(r["chunks"]), "prompt_token_ids": r.get("prompt_token_ids")}
+               for r in records]
+    base = reference
+    v = verdict(expand_turns(requests), records, None if base is None else base.outputs, lossy=cand.lossy,
+                tol=cfg.tolerances, samples=raw.get("samples"), base_samples=None if base is None else base.samples,
+                scores=raw.get("scores"), base_scores=None if base is None else base.scores)
+    constraints = dict(zip(CONSTRAINTS, v.constraints))
+    for slo in cfg.slos:
+        constraints[f"slo:{slo.text}"] = slo.violation(m[slo.metric])
+    missed = [slo.text for slo in cfg.slos if constraints[f"slo:{slo.text}"] > 0]
+    values = [m[o] for o in cfg.objectives]
+    failure = None
+    if m["incomplete"]:
+        failure = f"incomplete run: {m['incomplete']} of {m['requests']} requests did not finish ({v.reason})"
+    elif any(not math.isfinite(x) for x in values):
+        failure = f"objective not measurable: {dict(zip(cfg.objectives, values))}"
+    own = Reference(outputs, raw.get("samples") or {}, raw.get("scores") or {})
+    return Evaluation(m, v, own, constraints, missed, values, failure)
+
+
+def run_and_evaluate(cand: Candidate, workload: Workload, cfg: StudyConfig, workdir: Path, *,
+                     reference: Reference | None = None, env: dict[str, str] | None = None,
+                     on_event: OnEvent | None = None, fault: dict[str, Any] | None = None
+                     ) -> tuple[TrialOutcome, Evaluation | None]:
+    """A candidate end to end, as a study trial runs it, outside any study (benchmarks, tests).
+
+    ``fault``: a planted fault (autotune.engine.inject_fault), for testing the checks.
+    """
+    job = trial_job(cand, workload, cfg, reference)
+    if fault:
+        job["inject_fault"] = fault
+    outcome = run_trial(job, workdir, timeout_s=cfg.trial_timeout_s, env=env or {}, on_event=on_event)
+    if outcome.raw is None:
+        return outcome, None
+    return outcome, evaluate(outcome.raw, job["requests"], cand, cfg, reference)

@@ -1,0 +1,216 @@
+"""`autotune search` from its options to written results: the steps between the CLI and the study.
+
+The CLI (autotune.cli) parses flags into a SearchOptions and draws progress; this module turns the
+options into a workload, settings, a space and a StudyConfig, runs the study and writes the results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
+    TimeElapsedColumn, TimeRemainingColumn
+
+from autotune import __version__, attrs
+from autotune.errors import BadInput
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Every option of `autotune search` (see its --help), typed."""
+
+    workload: Path
+    model: str | None = None
+    draft_model: str | None = None
+    eagle_head: str | None = None
+    eagle3_head: str | None = None
+    space: str | None = None
+    format: str = "auto"
+    output_len: int | None = None
+    turns: str | None = None
+    drop_too_long: bool = False
+    trials: int = 8
+    study: str | None = None
+    storage: str | None = None
+    results: Path = Path("results")
+    objectives: str = "output_tok_s,e2e_ms_p50"
+    concurrency: int = 1
+    load: str | None = None
+    repeats: int = 2
+    max_repeats: int = 4
+    slo: str | None = None
+    warmup: int = 2
+    trial_timeout: float = 600
+    max_model_len: int | None = None
+    dtype: str | None = None
+    gpu_memory_utilization: float | None = None
+    max_drift: float = 0.10
+    lossless_tolerance: float = 0.02
+    max_logprob_drift: float = 0.05
+    lossy_min_gain: float = 0.03
+    samples: int = 64
+    seed: int = 0
+    resume: bool = False
+    warm_start: Path | None = None
+    tries: tuple[str, ...] = ()
+    trust_remote_code: bool = False
+    workers: int = 1
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a search runs: the checked workload, the study's config, its space and devices."""
+
+    workload: Any  # autotune.workload.Workload
+    cfg: Any  # autotune.config.StudyConfig
+    space: Any  # autotune.space.SearchSpace
+    platform: str
+    envs: list[dict[str, str]]
+    notes: list[str]  # lines to show before the study starts
+
+
+def _settings(o: SearchOptions, platform: str) -> Any:
+    from autotune import demo
+    from autotune.candidate import Settings
+
+    model, draft, max_len, dtype = o.model, o.draft_model, o.max_model_len, o.dtype
+    if model is None:
+        if not demo.available():
+            raise BadInput("--model: not given and the bundled demo models are missing "
+                           "(run scripts/train_demo_models.py)")
+        model, draft, max_len = str(demo.TARGET), draft or str(demo.DRAFT), max_len or demo.MAX_MODEL_LEN
+        dtype = dtype or demo.DTYPE
+    gmu = o.gpu_memory_utilization if o.gpu_memory_utilization is not None else (0.3 if platform == "cpu" else None)
+    return Settings(model=model, draft_model=draft, eagle_head=o.eagle_head, eagle3_head=o.eagle3_head, dtype=dtype,
+                    max_model_len=max_len, gpu_memory_utilization=gmu, seed=o.seed,
+                    trust_remote_code=o.trust_remote_code)
+
+
+def prepare(o: SearchOptions) -> Prepared:
+    """Check every input (exit 2 on bad input) before any engine starts."""
+    from autotune import devices, hardware
+    from autotune.config import StudyConfig
+    from autotune.context import fit_model
+    from autotune.load import parse_load
+    from autotune.objectives import normalize_objectives, validate_objectives
+    from autotune.slo import parse_slos
+    from autotune.space import load_space
+    from autotune.validate import Tolerances
+    from autotune.workload import load_workload
+
+    wl = load_workload(o.workload, format=o.format, output_len=o.output_len, turns=o.turns)
+    load = parse_load(o.load or f"concurrency={o.concurrency}", seed=o.seed)
+    if load.kind == "replay" and any(r.arrival_s is None for r in wl.requests):
+        missing = next(r.id for r in wl.requests if r.arrival_s is None)
+        raise BadInput(f"--load replay: request {missing!r} of {wl.path} has no 'arrival_s' to replay")
+    objectives = tuple(x.strip() for x in o.objectives.split(",") if x.strip())
+    validate_objectives(objectives)
+    objectives, extra_loads = normalize_objectives(objectives, load)
+    platform = hardware.detect()
+    settings = _settings(o, platform)
+    sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
+                    models=settings.available_models(), tags=hardware.platform_tags(platform))
+    fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
+                       trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
+    name = o.study or Path(o.workload).stem
+    cfg = StudyConfig(name=name, results_dir=o.results / name, settings=settings, objectives=objectives,
+                      n_trials=o.trials, storage=o.storage, load=load, extra_loads=extra_loads, repeats=o.repeats,
+                      max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
+                      trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, lossy_min_gain=o.lossy_min_gain,
+                      tolerances=Tolerances(lossless=o.lossless_tolerance, max_drift=o.max_drift,
+                                            max_logprob_drift=o.max_logprob_drift),
+                      # A test hook: CLI-level orchestration tests name the FAKE engine here.
+                      engine_module=os.environ.get("AUTOTUNE_ENGINE_MODULE", "autotune.engine"))
+    notes = [f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped]
+    if fitted.warning:
+        notes.append(f"[yellow]warning:[/yellow] {escape(fitted.warning)}")
+    if fitted.dropped:
+        notes.append(f"--drop-too-long: dropped {len(fitted.dropped)} request(s) over the context of {fitted.context} "
+                     f"tokens, e.g. {escape(str(fitted.dropped[0]))}; {len(fitted.workload.requests)} left")
+    return Prepared(fitted.workload, cfg, sp, platform, devices.partition(o.workers, platform), notes)
+
+
+def run_search(o: SearchOptions, say: Console, *, verbose: bool = False) -> dict[str, Any]:
+    """Run the study the options describe and write its results; return the StudyReport (best.json)."""
+    from autotune import hardware
+    from autotune.present import RichProgress
+    from autotune.results import write_results
+    from autotune.study import run_study
+
+    p = prepare(o)
+    say.print(f"autotune {__version__}: {len(p.workload.requests)} requests from {p.workload.path}, space "
+              f"'{p.space.name}' on {p.platform}, model {p.cfg.settings.model}"
+              + (f", {len(p.envs)} workers" if len(p.envs) > 1 else ""), highlight=False)
+    for note in p.notes:
+        say.print(note, highlight=False)
+    enqueue = [parse_try(t, p.space) for t in o.tries]
+    deployed = None
+    if o.warm_start is not None:
+        deployed, more = warm_start(o.warm_start, p.space, p.cfg.settings, p.workload.path, say)
+        enqueue += more
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=say, transient=True) as progress:
+        task = progress.add_task("starting", total=p.cfg.n_trials)
+        show = RichProgress(progress, task, p.cfg.results_dir if verbose else None)
+        st = run_study(p.cfg, p.workload, p.space, progress=show, resume=o.resume, enqueue=enqueue,
+                       deployed=deployed, worker_envs=p.envs)
+    if o.warm_start is not None:
+        st.set_user_attr(attrs.WARM_START, {"from": str(o.warm_start)})
+    return write_results(st, p.cfg.results_dir, settings=p.cfg.settings, platform=hardware.describe(),
+                         objectives=list(p.cfg.objectives), storage_url=p.cfg.storage_url)
+
+
+def warm_start(path: Path, space: Any, settings: Any, workload: str, say: Console
+                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The old pick (re-measured first, as the deployed config) and the rest of its Pareto set, as
+    parameter sets; report what changed since. Knobs the old results do not name take the space's
+    baseline values, so the re-measured config is the deployed one, not a sampler's variation."""
+    from autotune import hardware
+    from autotune.results import load_report
+
+    old = load_report(path)
+    names = {p.name for p in space.params}
+    methods = next(x.choices for x in space.params if x.name == "method")
+    picks = ([old["best"]] if old.get("best") else []) + list(old.get("pareto") or [])
+    params: list[dict[str, Any]] = []
+    for e in picks:
+        p = {**space.baseline_trial_params(), **{k: v for k, v in e["candidate"].items() if k in names}}
+        if p not in params and p.get("method", "none") in methods:
+            params.append(p)
+    deployed = params.pop(0) if params and old.get("best") and \
+        old["best"]["candidate"].get("method", "none") in methods else None
+    then = {"vLLM": old.get("vllm_version"), "model": ((old.get("best") or {}).get("engine_kwargs") or {}).get("model"),
+            "workload": old.get("workload")}
+    now = {"vLLM": hardware.vllm_version(), "model": settings.model, "workload": workload}
+    for k in then:
+        if then[k] != now[k]:
+            say.print(f"[yellow]warm start:[/yellow] {k} changed since {path}: {then[k]} -> {now[k]}", highlight=False)
+    if deployed is None and old.get("best"):
+        say.print(f"[yellow]warm start:[/yellow] the deployed config ({old['best']['label']}) is outside space "
+                  f"'{space.name}': `autotune check` will compare speedups across the two runs", highlight=False)
+    say.print(f"warm start: re-measuring {len(params) + (deployed is not None)} config(s) from {path} first",
+              highlight=False)
+    return deployed, params
+
+
+def parse_try(text: str, space: Any) -> dict[str, Any]:
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"--try: not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
+    names = {p.name for p in space.params}
+    if not isinstance(params, dict) or set(params) - names:
+        bad = sorted(set(params) - names)[0] if isinstance(params, dict) else params
+        raise BadInput(f"--try: key {bad!r}: expected parameters of space '{space.name}' ({', '.join(sorted(names))})")
+    # The config given, not a sampler's variation of it: knobs left out take the baseline's values.
+    return {**space.baseline_trial_params(), **params}
+
+
