@@ -4,6 +4,7 @@ Starts vLLM's async engine in-process with a candidate's engine arguments, warms
 replays the workload at the chosen concurrency with streamed (delta) outputs, timestamps
 every chunk, and diffs vLLM's own speculative-decoding counters around the measured window.
 Returns plain data (a RawRun dict) so the parent never touches vLLM objects.
+Over 300 lines because it is the one module that imports vLLM: every call into vLLM stays here.
 """
 
 from __future__ import annotations

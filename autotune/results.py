@@ -34,64 +34,78 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def _entry(t: Any, base: Any, settings: Any) -> dict[str, Any]:
+    """One trial as best.json shows it: candidate, engine kwargs, measurement, verdict, speedup."""
+    from autotune.pareto import speedup
+
+    cand = Candidate(t.user_attrs[attrs.CANDIDATE])
+    if t.state.name != "COMPLETE":  # a failed trial (only the deployed entry can be one)
+        return {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
+                "failure": t.user_attrs.get(attrs.FAILURE, "unknown")}
+    m = t.user_attrs[attrs.MEASUREMENT]
+    base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
+    e = {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
+         "engine_kwargs": cand.engine_kwargs(settings), "measurement": m, "verdict": t.user_attrs[attrs.VERDICT],
+         "speedup": speedup(m, base_m) if base_m else None}
+    if "by_category" in m and base_m:  # which kinds of request gain, which lose
+        e["speedup_by_category"] = category_speedup(m["by_category"], base_m.get("by_category", {}))
+    return e
+
+
+def _lossless_first(choice: Any) -> dict[str, Any] | None:
+    """The faster lossy trial the pick was chosen over, and why (None: no such trial)."""
+    if choice is None or choice.passed_over is None:
+        return None
+    label, (lo, hi) = choice.passed_over.user_attrs[attrs.LABEL], choice.gain
+    return {"passed_over": choice.passed_over.number, "label": label, "gain_lo": lo, "gain_hi": hi,
+            "min_gain": choice.min_gain,
+            "reason": f"{label} is lossy and its gain over the best lossless config, [{lo:.3f}, {hi:.3f}]x (95% "
+                      f"interval), does not lie above 1 + {choice.min_gain:.0%}: the lossless config is the pick"}
+
+
+def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, Any], objectives: list[str],
+                 storage_url: str) -> dict[str, Any]:
+    """The StudyReport (what best.json holds) of a study and its trials table."""
+    from autotune.pareto import baseline_trial, choose, deployed_trial, pareto_trials
+    from autotune.storage import redact
+
+    choice, base, deployed = choose(study), baseline_trial(study), deployed_trial(study)
+    ua = study.user_attrs
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "study": study.study_name, "storage": redact(storage_url),
+        "workload": ua.get(attrs.WORKLOAD), "space": ua.get(attrs.SPACE),
+        "load": ua.get(attrs.LOAD), "concurrency": ua.get(attrs.CONCURRENCY),
+        "objectives": objectives, "platform": platform,
+        "vllm_version": (base.user_attrs.get(attrs.VLLM_VERSION) if base else None) or platform.get("vllm"),
+        "trials": {"finished": int(len(frame)), "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0},
+        "baseline": _entry(base, base, settings) if base else None,
+        "best": _entry(choice.trial, base, settings) if choice else None,
+        "pareto": [_entry(t, base, settings) for t in pareto_trials(study)],
+        # A warm start's pick, re-measured in this run: `autotune check` compares the new pick with it.
+        "deployed": _entry(deployed, base, settings) if deployed else None,
+        "lossless_first": _lossless_first(choice),
+        "warm_start": ua.get(attrs.WARM_START),
+    }
+    return _clean(report)
+
+
 def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dict[str, Any],
                   objectives: list[str], storage_url: str) -> dict[str, Any]:
     """Write every results file for ``study``; return the StudyReport (what best.json holds)."""
     from autotune.export import command, serve_script
-    from autotune.pareto import baseline_trial, choose, deployed_trial, pareto_trials, speedup, trials_frame
-    from autotune.storage import redact
+    from autotune.pareto import baseline_trial, trials_frame
 
     results_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(study)
     frame.to_csv(results_dir / "trials.csv", index=False)
     parquet_safe(frame).to_parquet(results_dir / "trials.parquet", engine="pyarrow", index=False)
     (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
-    choice, base, deployed = choose(study), baseline_trial(study), deployed_trial(study)
-    best = choice.trial if choice else None
-    _write_by_category(study, base, results_dir)
-
-    def entry(t: Any) -> dict[str, Any]:
-        cand = Candidate(t.user_attrs[attrs.CANDIDATE])
-        if t.state.name != "COMPLETE":  # a failed trial (only the deployed entry can be one)
-            return {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
-                    "failure": t.user_attrs.get(attrs.FAILURE, "unknown")}
-        m = t.user_attrs[attrs.MEASUREMENT]
-        e = {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
-             "engine_kwargs": cand.engine_kwargs(settings), "measurement": m,
-             "verdict": t.user_attrs[attrs.VERDICT],
-             "speedup": speedup(m, base.user_attrs[attrs.MEASUREMENT]) if base else None}
-        if "by_category" in m and base:  # which kinds of request gain, which lose
-            e["speedup_by_category"] = category_speedup(m["by_category"],
-                                                        base.user_attrs[attrs.MEASUREMENT].get("by_category", {}))
-        return e
-
-    report: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "study": study.study_name, "storage": redact(storage_url),
-        "workload": study.user_attrs.get(attrs.WORKLOAD), "space": study.user_attrs.get(attrs.SPACE),
-        "load": study.user_attrs.get(attrs.LOAD), "concurrency": study.user_attrs.get(attrs.CONCURRENCY),
-        "objectives": objectives,
-        "platform": platform,
-        "vllm_version": (base.user_attrs.get(attrs.VLLM_VERSION) if base else None) or platform.get("vllm"),
-        "trials": {"finished": int(len(frame)),
-                   "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0},
-        "baseline": entry(base) if base else None,
-        "best": entry(best) if best else None,
-        "pareto": [entry(t) for t in pareto_trials(study)],
-        # A warm start's pick, re-measured in this run: `autotune check` compares the new pick with it.
-        "deployed": entry(deployed) if deployed else None,
-        # Lossless first: the faster lossy trial the pick was chosen over, and why.
-        "lossless_first": None if choice is None or choice.passed_over is None else {
-            "passed_over": choice.passed_over.number, "label": choice.passed_over.user_attrs[attrs.LABEL],
-            "gain_lo": choice.gain[0], "gain_hi": choice.gain[1], "min_gain": choice.min_gain,
-            "reason": f"{choice.passed_over.user_attrs[attrs.LABEL]} is lossy and its gain over the best lossless config, "
-                      f"[{choice.gain[0]:.3f}, {choice.gain[1]:.3f}]x (95% interval), does not lie above "
-                      f"1 + {choice.min_gain:.0%}: the lossless config is the pick"},
-        "warm_start": study.user_attrs.get(attrs.WARM_START),
-    }
-    report = _clean(report)
-    if best is not None:
+    _write_by_category(study, baseline_trial(study), results_dir)
+    report = study_report(study, frame, settings=settings, platform=platform, objectives=objectives,
+                          storage_url=storage_url)
+    if report["best"] is not None:
         kw = report["best"]["engine_kwargs"]
         report["serve_command"] = command(kw)
         (results_dir / "serve.sh").write_text(serve_script(kw, platform=platform["platform"]))

@@ -5,6 +5,8 @@ Failed trials (crash, timeout, incomplete run) are Optuna FAIL states with their
 ``user_attrs['failure']``; wrong outputs make a trial infeasible through ``Trial.set_constraint``.
 Everything a report needs is kept in the Optuna storage, so an interrupted study resumes
 with nothing completed lost and a study shared by several workers has one source of truth.
+Over 300 lines: asking, duplicate and stale-worker bookkeeping and worker threads share the one
+study object; judging a trial is autotune.evaluate, Optuna internals are autotune.optuna_private.
 """
 
 from __future__ import annotations

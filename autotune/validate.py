@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune.metrics import complete
@@ -137,6 +137,64 @@ def request_failures(req: dict[str, Any], rec: dict[str, Any]) -> list[str]:
     return failed
 
 
+@dataclass
+class _Tally:
+    """Per-request comparisons of a candidate with the baseline."""
+
+    greedy: int = 0
+    identical: int = 0
+    first: int | None = None  # earliest token position where a greedy output diverged
+    sampled: int = 0
+    expect_failed: int = 0
+    regressions: int = 0  # expectations the baseline met and the candidate did not
+    first_regression: str = ""
+    agreements: list[float] = field(default_factory=list)
+
+    @property
+    def mean_agreement(self) -> float:
+        return sum(self.agreements) / len(self.agreements) if self.agreements else 1.0
+
+
+def _tally(requests: list[dict[str, Any]], by_id: dict[str, Any], base_by_id: dict[str, Any]) -> _Tally:
+    t = _Tally()
+    for req in requests:
+        rec, ref = by_id[req["id"]], base_by_id[req["id"]]
+        failed = request_failures(req, rec)
+        t.expect_failed += bool(failed)
+        if failed and not request_failures(req, ref):
+            t.regressions += 1
+            if t.regressions == 1:
+                t.first_regression = f"request {req['id']!r} fails {', '.join(failed)} where the baseline passed"
+        if req["sampling"]["temperature"] == 0.0:
+            t.greedy += 1
+            a, div = agreement(rec["token_ids"], ref["token_ids"])
+            t.agreements.append(a)
+            t.identical += div is None
+            if div is not None and (t.first is None or div < t.first):
+                t.first = div
+        else:
+            t.sampled += 1  # sampled outputs are judged by distribution (verdict)
+    return t
+
+
+def _incomplete_reason(cand: list[dict[str, Any]]) -> tuple[int, str | None]:
+    """How many requests did not finish, and the first one's reason (vLLM's own message where it
+    rejected the request: a prompt over max_model_len, say)."""
+    incomplete = [r for r in cand if not complete(r)]
+    if not incomplete:
+        return 0, None
+    bad = incomplete[0]
+    why = (bad.get("error") or "").strip().split("\n")[0][:300] or \
+        (f"finish reason {bad['finish_reason']}" if bad.get("finish_reason") else "no output")
+    return len(incomplete), f"{len(incomplete)} request(s) incomplete (e.g. {bad['id']!r}: {why})"
+
+
+def _drift_note(drift: LogprobDrift) -> tuple[str, str]:
+    detail = f"max {drift.max:.3g}" + (f", top-k KL {drift.kl:.3g}" if drift.kl is not None else "") + \
+        f", {drift.tokens} tokens"
+    return detail, f"log-prob drift {drift.mean:.3g} nats/token ({detail})"
+
+
 def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: list[dict[str, Any]] | None,
             *, lossy: bool, tol: Tolerances, samples: dict[str, list[list[int]]] | None = None,
             base_samples: dict[str, list[list[int]]] | None = None,
@@ -150,35 +208,13 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     reported for every candidate, gated by ``tol.max_logprob_drift`` for lossy ones.
     """
     by_id = {r["id"]: r for r in cand}
-    base_by_id = {r["id"]: r for r in base} if base is not None else by_id
     budget = tol.max_drift if lossy else tol.lossless
-    agreements, identical, first, greedy = [], 0, None, 0
-    expect_failed = regressions = sampled = 0
-    reasons: list[str] = []
-    incomplete = [r for r in cand if not complete(r)]
-    if incomplete:  # vLLM's own message where it rejected the request (a prompt over max_model_len, say)
-        bad = incomplete[0]
-        why = (bad.get("error") or "").strip().split("\n")[0][:300] or \
-            (f"finish reason {bad['finish_reason']}" if bad.get("finish_reason") else "no output")
-        reasons.append(f"{len(incomplete)} request(s) incomplete (e.g. {bad['id']!r}: {why})")
-    for req in requests:
-        rec, ref = by_id[req["id"]], base_by_id[req["id"]]
-        failed = request_failures(req, rec)
-        expect_failed += bool(failed)
-        if failed and not request_failures(req, ref):
-            regressions += 1
-            if regressions == 1:
-                reasons.append(f"request {req['id']!r} fails {', '.join(failed)} where the baseline passed")
-        if req["sampling"]["temperature"] == 0.0:
-            greedy += 1
-            a, div = agreement(rec["token_ids"], ref["token_ids"])
-            agreements.append(a)
-            identical += div is None
-            if div is not None and (first is None or div < first):
-                first = div
-        else:
-            sampled += 1  # sampled outputs are judged by distribution, below
-    mean_agree = sum(agreements) / len(agreements) if agreements else 1.0
+    n_incomplete, why = _incomplete_reason(cand)
+    reasons = [why] if why else []
+    t = _tally(requests, by_id, {r["id"]: r for r in base} if base is not None else by_id)
+    if t.first_regression:
+        reasons.append(t.first_regression)
+    mean_agree = t.mean_agreement
     drift = logprob_drift(scores, base_scores) if base is not None and scores and base_scores else None
     # A lossy config with log-probs is judged by them: its greedy tokens flip at near-ties (bfloat16
     # vs float32: 30 of 32 outputs differ at a drift of 0.0025 nats/token), so token agreement would
@@ -187,7 +223,7 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     if gap > 0:
         kind = "drift" if lossy else "greedy mismatch (speculation should be lossless)"
         reasons.append(f"{kind}: token agreement {mean_agree:.3f} < {1 - budget:.3f}; "
-                       f"{greedy - identical}/{greedy} greedy outputs differ, first at token {first}")
+                       f"{t.greedy - t.identical}/{t.greedy} greedy outputs differ, first at token {t.first}")
     dist_p, n_draws, dist_gap = None, 0, 0.0
     if base is not None and samples and base_samples:
         flagged, dist_p, n_draws = sampler_test(base_samples, samples, alpha=tol.alpha)
@@ -198,23 +234,20 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
                            f"p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
     lp_gap, lp_note = 0.0, ""
     if drift is not None:
-        detail = f"max {drift.max:.3g}" + (f", top-k KL {drift.kl:.3g}" if drift.kl is not None else "") + \
-            f", {drift.tokens} tokens"
-        lp_note = f"log-prob drift {drift.mean:.3g} nats/token ({detail})"
+        detail, lp_note = _drift_note(drift)
         if lossy and drift.mean > tol.max_logprob_drift:
             lp_gap = drift.mean - tol.max_logprob_drift
             reasons.append(f"log-prob drift {drift.mean:.3g} nats/token > {tol.max_logprob_drift:g} ({detail})")
-    constraints = (gap, float(regressions), float(len(incomplete)), dist_gap, lp_gap)
     reason = "; ".join(reasons) or "ok"
     if lossy and lp_note and not lp_gap:  # within budget, still worth seeing (beside a token drift, say)
         reason += f"{'; ' if reasons else ', '}{lp_note} within {tol.max_logprob_drift:g}" + \
-            (f" (token agreement {mean_agree:.3f}, {greedy - identical}/{greedy} greedy outputs differ)"
-             if identical < greedy else "")
-    return Verdict(passed=not reasons, reason=reason, greedy_requests=greedy,
-                   greedy_identical=identical, token_agreement=mean_agree, first_divergence=first,
-                   expect_failed=expect_failed, expect_regressions=regressions, sampled_requests=sampled,
+            (f" (token agreement {mean_agree:.3f}, {t.greedy - t.identical}/{t.greedy} greedy outputs differ)"
+             if t.identical < t.greedy else "")
+    return Verdict(passed=not reasons, reason=reason, greedy_requests=t.greedy,
+                   greedy_identical=t.identical, token_agreement=mean_agree, first_divergence=t.first,
+                   expect_failed=t.expect_failed, expect_regressions=t.regressions, sampled_requests=t.sampled,
                    distribution_p=dist_p, distribution_samples=n_draws,
                    logprob_drift=None if drift is None else drift.mean,
                    logprob_drift_max=None if drift is None else drift.max,
                    logprob_kl=None if drift is None else drift.kl, logprob_tokens=0 if drift is None else drift.tokens,
-                   budget=budget, constraints=constraints)
+                   budget=budget, constraints=(gap, float(t.regressions), float(n_incomplete), dist_gap, lp_gap))
