@@ -21,7 +21,7 @@ MAX_ACCEPTANCE_LINES = 10  # more lines than this are unreadable; the best by ac
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 MARKERS = {"circle": "o", "star": "*", "diamond": "D", "x": "x"}  # plotly symbol -> matplotlib marker
 TABLE_COLUMNS = ("trial", "label", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s", "acceptance_rate",
-                 "mean_accepted_length", "acceptance_by_pos", "correct", "pareto", "verdict", "failure")
+                 "mean_accepted_length", "acceptance_by_pos", "correct", "status", "pareto", "verdict", "failure")
 
 
 @dataclass

@@ -159,6 +159,8 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
         reasons.append("the new study found no feasible (correct) configuration")
     elif not nb["verdict"]["passed"]:
         reasons.append(f"the new pick failed its correctness checks: {nb['verdict']['reason']}")
+    elif nb["verdict"].get("status") == "unverified":
+        reasons.append(f"the new pick is unverified (no evidence it is correct): {nb['verdict']['reason']}")
     dep = new.get("deployed")
     if dep is not None and any(dep.get("candidate", {}).get(k) != v for k, v in ob.get("candidate", {}).items()):
         notes.append(f"the re-measured config ({dep['label']}) differs from the deployed one ({ob['label']}): "

@@ -195,6 +195,8 @@ def search(
                                                               "quantization) must beat the best lossless config by "
                                                               "more than this share, its 95% interval above it; "
                                                               "else the lossless config is the pick.")] = 0.03,
+    allow_unverified: Annotated[bool, typer.Option(help="Let a candidate whose applicable checks did not run "
+                                                       "(\"unverified\") be the pick.")] = False,
     samples: Annotated[int, typer.Option(min=0, help="Draws per sampled request for the distribution test "
                                                     "against the baseline (0: skip the test).")] = 64,
     seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
@@ -225,7 +227,7 @@ def search(
                          warmup=warmup, trial_timeout=trial_timeout, max_model_len=max_model_len, dtype=dtype,
                          gpu_memory_utilization=gpu_memory_utilization, max_drift=max_drift,
                          lossless_tolerance=lossless_tolerance, max_logprob_drift=max_logprob_drift,
-                         lossy_min_gain=lossy_min_gain, samples=samples, seed=seed, resume=resume,
+                         lossy_min_gain=lossy_min_gain, allow_unverified=allow_unverified, samples=samples, seed=seed, resume=resume,
                          warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
                          workers=workers, json=json_)
     say = err if json_ else console  # --json: stdout carries the JSON only

@@ -24,7 +24,7 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 Phase = Callable[[str, dict[str, Any]], None]
 LOGPROB_TOP_K = 5  # top log-probs kept per scored token (autotune.validate's top-k KL)
-# Greedy requests scored per trial: plenty of tokens for a stable mean, and it bounds the scoring
+# Requests scored per trial: plenty of tokens for a stable mean, and it bounds the scoring
 # pass and the baseline's scores kept in the study storage.
 LOGPROB_MAX_REQUESTS = 64
 
@@ -207,10 +207,12 @@ async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
 
 async def _score(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str, Any]],
                  reference: dict[str, list[int]] | None, phase: Phase) -> dict[str, dict[str, Any]]:
-    """After measuring: score a token path of every greedy request, teacher-forced.
+    """After measuring: score a token path of every request, teacher-forced (greedy ones first).
 
     The path is the baseline's output (``reference``, request id -> token ids; the baseline's job
-    has none and scores its own). Prompt + path go through one prefill with ``prompt_logprobs``,
+    has none and scores its own): its greedy tokens, or for a sampled request the tokens it
+    sampled, so that a lossy candidate on a sampled workload has drift evidence too. The raw
+    log-probs (before temperature and top-p) measure how far the model's distribution moved. Prompt + path go through one prefill with ``prompt_logprobs``,
     which gives each path token's log-prob under this engine (and the top ``LOGPROB_TOP_K``), so
     a lossy candidate is compared with the baseline on the same tokens even where its own greedy
     output went elsewhere. One request at a time: batching changes numerics, and both sides
@@ -223,10 +225,11 @@ async def _score(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=LOGPROB_TOP_K, detokenize=False,
                             output_kind=RequestOutputKind.FINAL_ONLY)
     by_id = {r["id"]: r for r in records}
-    greedy = [r["id"] for r in reqs if r["sampling"].get("temperature", 0) == 0][:LOGPROB_MAX_REQUESTS]
-    phase("score", {"total": len(greedy)})
+    ordered = sorted(reqs, key=lambda r: r["sampling"].get("temperature", 0) > 0)  # greedy first, stable
+    chosen = [r["id"] for r in ordered if r["id"] in by_id][:LOGPROB_MAX_REQUESTS]
+    phase("score", {"total": len(chosen)})
     out: dict[str, dict[str, Any]] = {}
-    for rid in greedy:
+    for rid in chosen:
         prompt_ids = by_id[rid].get("prompt_token_ids")
         path = by_id[rid]["token_ids"] if reference is None else reference.get(rid)
         if not path or not prompt_ids:

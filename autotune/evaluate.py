@@ -23,7 +23,7 @@ from autotune.workload import UNCATEGORIZED, Workload, expand_turns
 
 # The verdict's constraints, in Verdict.constraints order (<= 0 is feasible, as Optuna's).
 CONSTRAINTS = ("token_disagreement_over_budget", "expectation_regressions", "incomplete",
-               "distribution_shift", "logprob_drift_over_budget")
+               "distribution_shift", "logprob_drift_over_budget", "unverified")
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,9 @@ class Reference:
     samples: dict[str, list[list[int]]] = field(default_factory=dict)
     scores: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def greedy_paths(self) -> dict[str, list[int]]:
-        """Request id -> the baseline's greedy tokens, which a candidate scores teacher-forced."""
+    def paths(self) -> dict[str, list[int]]:
+        """Request id -> the baseline's output tokens (greedy or sampled), which a candidate scores
+        teacher-forced."""
         return {rid: s["token_ids"] for rid, s in self.scores.items()}
 
 
@@ -57,7 +58,7 @@ class Evaluation:
             return f"failed: {self.failure}"
         m, v = self.measurement, self.verdict
         return (f"{m['output_tok_s']:.1f} ± {m['output_tok_s_mad']:.1f} tok/s, e2e p50 {m['e2e_ms_p50']:.0f} ms, "
-                + ("correct" if v.passed else f"INCORRECT: {v.reason}")
+                + ({"ok": "correct", "unverified": f"UNVERIFIED ({v.reason})"}.get(v.status, f"INCORRECT: {v.reason}"))
                 + (f"; misses SLO {', '.join(self.slo_missed)}" if self.slo_missed else ""))
 
 
@@ -77,7 +78,7 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: 
                            "samples": cfg.samples, "sample_tokens": cfg.sample_tokens},
                 "engine_module": cfg.engine_module}
     if reference is not None:
-        job["reference"] = reference.greedy_paths()
+        job["reference"] = reference.paths()
     return job
 
 

@@ -147,6 +147,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         if m and base_m:
             row.update({f"speedup_{k}": val for k, val in speedup(m, base_m).items()})
         row["correct"] = v.get("passed")
+        row["status"] = v.get("status", "ok" if v.get("passed") else ("failed" if v else None))  # ok, failed, unverified
         row["token_agreement"] = v.get("token_agreement")
         row["verdict"] = v.get("reason")
         row["goodput"] = m.get("goodput")

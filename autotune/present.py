@@ -59,6 +59,13 @@ class RichProgress:
             self.p.console.print(f"  | {line}", style="dim", highlight=False, markup=False, soft_wrap=True)
 
 
+def verdict_text(v: dict[str, Any]) -> str:
+    """"ok", or why not: the failed check, or the checks that did not run ("unverified")."""
+    if v.get("status", "ok" if v["passed"] else "failed") == "ok":
+        return "ok"
+    return v["reason"]
+
+
 def _float_or_nan(x: Any, fmt: str) -> str:
     return "-" if x is None or x != x else format(x, fmt)
 
@@ -84,7 +91,7 @@ def pareto_table(report: dict[str, Any]) -> Table:
         t.add_row(str(e["trial"]), name + (" [yellow](noisy)[/yellow]" if m.get("noisy") else ""), tps,
                   _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + _interval(s), _float_or_nan(m["e2e_ms_p50"], ".0f"),
                   _float_or_nan(m["tpot_ms_p50"], ".1f"), _float_or_nan(m.get("acceptance_rate"), ".2f"),
-                  "ok" if e["verdict"]["passed"] else e["verdict"]["reason"])
+                  verdict_text(e["verdict"]))
     return t
 
 

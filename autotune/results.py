@@ -169,7 +169,7 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
     else:
         lines += ["**No feasible configuration was found.**", ""]
     cols = [c for c in ("trial", "label", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s",
-                        "acceptance_rate", "correct", "pareto", "failure") if c in frame.columns]
+                        "acceptance_rate", "correct", "status", "pareto", "failure") if c in frame.columns]
     if len(frame):
         lines.append(frame[cols].to_markdown(index=False))
     if best and best.get("speedup_by_category"):

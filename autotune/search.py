@@ -54,6 +54,7 @@ class SearchOptions:
     lossless_tolerance: float = 0.02
     max_logprob_drift: float = 0.05
     lossy_min_gain: float = 0.03
+    allow_unverified: bool = False
     samples: int = 64
     seed: int = 0
     resume: bool = False
@@ -125,7 +126,8 @@ def prepare(o: SearchOptions) -> Prepared:
                       max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
                       trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, lossy_min_gain=o.lossy_min_gain,
                       tolerances=Tolerances(lossless=o.lossless_tolerance, max_drift=o.max_drift,
-                                            max_logprob_drift=o.max_logprob_drift),
+                                            max_logprob_drift=o.max_logprob_drift,
+                                            allow_unverified=o.allow_unverified),
                       # A test hook: CLI-level orchestration tests name the FAKE engine here.
                       engine_module=os.environ.get("AUTOTUNE_ENGINE_MODULE", "autotune.engine"))
     notes = [f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped]

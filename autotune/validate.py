@@ -27,6 +27,7 @@ class Tolerances:
     max_drift: float = 0.10  # allowed mean token disagreement for lossy candidates
     max_logprob_drift: float = 0.05  # allowed mean |log p_base - log p_cand| (nats/token) for lossy candidates
     alpha: float = DEFAULT_ALPHA  # significance of the sampled-output distribution test
+    allow_unverified: bool = False  # a candidate whose applicable checks did not run may be the pick
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,11 @@ class Verdict:
     logprob_tokens: int  # tokens compared
     budget: float
     constraints: tuple[float, ...]  # Optuna convention: every value <= 0 means feasible
+    # "ok" (every applicable check ran and passed), "failed", or "unverified": no check failed, but
+    # one that applies did not run (sampled requests with no distribution test, say). No evidence,
+    # no "ok": an unverified candidate is never the pick unless Tolerances.allow_unverified.
+    status: str = "ok"
+    unverified: tuple[str, ...] = ()  # the checks that applied and did not run
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +83,29 @@ class LogprobDrift:
     max: float
     kl: float | None
     tokens: int
+    requests: tuple[str, ...] = ()  # the requests compared
+
+
+def _missing_evidence(requests: list[dict[str, Any]], *, lossy: bool, n_draws: int, samples_asked: bool,
+                      drift: LogprobDrift | None) -> list[str]:
+    """The checks that apply to a candidate and did not run (no evidence is not "ok").
+
+    Greedy requests are always compared token by token. Sampled ones need the distribution test
+    (speculation must keep the sampler's distribution) or, for a lossy config (judged by drift, not
+    by distribution), log-probs of the baseline's sampled paths scored under both engines.
+    """
+    sampled = [r["id"] for r in requests if r["sampling"].get("temperature", 0) > 0]
+    if not sampled:
+        return []
+    if lossy:
+        covered = set(drift.requests) if drift is not None else set()
+        if not covered & set(sampled):
+            return ["log-prob drift on sampled requests (none of them was scored under both engines)"]
+        return []
+    if not n_draws:
+        why = "--samples 0" if not samples_asked else "no draws to compare"
+        return [f"distribution test of sampled requests ({why})"]
+    return []
 
 
 def _topk_kl(base: list[list[float]], cand: list[list[float]]) -> float | None:
@@ -99,17 +128,19 @@ def logprob_drift(cand: dict[str, dict[str, Any]], base: dict[str, dict[str, Any
     """
     diffs: list[float] = []
     kls: list[float] = []
+    scored: list[str] = []
     for rid, c in cand.items():
         b = base.get(rid)
         if b is None or "logprobs" not in b or "logprobs" not in c:
             continue  # not scored on one side (its error is kept in the raw run)
+        scored.append(rid)
         n = common_prefix(b["token_ids"], c["token_ids"])
         diffs += [abs(x - y) for x, y in zip(b["logprobs"][:n], c["logprobs"][:n])]
         kls += [k for tb, tc in zip(b["top"][:n], c["top"][:n]) if (k := _topk_kl(tb, tc)) is not None]
     if not diffs:
         return None
     return LogprobDrift(mean=sum(diffs) / len(diffs), max=max(diffs),
-                        kl=sum(kls) / len(kls) if kls else None, tokens=len(diffs))
+                        kl=sum(kls) / len(kls) if kls else None, tokens=len(diffs), requests=tuple(scored))
 
 
 def check_expect(expect: dict[str, Any], text: str) -> list[str]:
@@ -238,7 +269,11 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
         if lossy and drift.mean > tol.max_logprob_drift:
             lp_gap = drift.mean - tol.max_logprob_drift
             reasons.append(f"log-prob drift {drift.mean:.3g} nats/token > {tol.max_logprob_drift:g} ({detail})")
-    reason = "; ".join(reasons) or "ok"
+    missing = [] if base is None else _missing_evidence(requests, lossy=lossy, n_draws=n_draws,
+                                                        samples_asked=bool(samples), drift=drift)
+    status = "failed" if reasons else ("unverified" if missing else "ok")
+    reason = "; ".join(reasons) or ("unverified: not checked: " + "; ".join(missing) if missing else "ok")
+    unverified_gap = 1.0 if status == "unverified" and not tol.allow_unverified else 0.0
     if lossy and lp_note and not lp_gap:  # within budget, still worth seeing (beside a token drift, say)
         reason += f"{'; ' if reasons else ', '}{lp_note} within {tol.max_logprob_drift:g}" + \
             (f" (token agreement {mean_agree:.3f}, {t.greedy - t.identical}/{t.greedy} greedy outputs differ)"
@@ -250,4 +285,6 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
                    logprob_drift=None if drift is None else drift.mean,
                    logprob_drift_max=None if drift is None else drift.max,
                    logprob_kl=None if drift is None else drift.kl, logprob_tokens=0 if drift is None else drift.tokens,
-                   budget=budget, constraints=(gap, float(t.regressions), float(n_incomplete), dist_gap, lp_gap))
+                   budget=budget,
+                   constraints=(gap, float(t.regressions), float(n_incomplete), dist_gap, lp_gap, unverified_gap),
+                   status=status, unverified=tuple(missing))

@@ -84,9 +84,14 @@ class Rows:
                 self.rows.append((full, len(prompt)))
         self.rng = random.Random(seed)
         self.pad = tok.pad_token_id
+        # Rows of like length batch together (a batch pads to its longest row): drawn from a
+        # window of the length-sorted rows, wide enough to mix the domains of one length.
+        self.by_length = sorted(range(len(self.rows)), key=lambda i: len(self.rows[i][0]))
 
-    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        picked = [self.rows[self.rng.randrange(len(self.rows))] for _ in range(size)]
+    def batch(self, size: int, window: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.rng.randrange(max(1, len(self.by_length) - window))
+        picked = [self.rows[self.by_length[start + self.rng.randrange(min(window, len(self.by_length)))]]
+                  for _ in range(size)]
         width = max(len(ids) for ids, _ in picked) - 1
         x = torch.full((size, width), self.pad, dtype=torch.long)
         y = torch.full((size, width), -100, dtype=torch.long)

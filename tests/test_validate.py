@@ -128,3 +128,31 @@ def test_an_incomplete_request_carries_the_engines_own_message():
     v = verdict(reqs, [rec("a", [1, 2]), rejected], base, lossy=False, tol=Tolerances())
     assert not v.passed and v.reason.startswith(
         "1 request(s) incomplete (e.g. 'b': ValueError: The decoder prompt (length 1342) is longer than")
+
+
+def scored(rid, tokens, lps):
+    return {rid: {"token_ids": tokens, "logprobs": lps, "top": [[[t, lp]] for t, lp in zip(tokens, lps)]}}
+
+
+def test_no_evidence_is_unverified_never_ok():
+    """Sampled requests with no distribution test, or a lossy config with no log-probs of them: the
+    checks that apply did not run, so the verdict is "unverified" (infeasible unless allowed)."""
+    reqs, base, cand = [req("g"), req("s", temperature=0.8)], [rec("g", [1, 2]), rec("s", [3])], \
+        [rec("g", [1, 2]), rec("s", [4])]
+    v = verdict(reqs, cand, base, lossy=False, tol=Tolerances())
+    assert v.status == "unverified" and v.constraints[-1] == 1.0 and v.reason.startswith("unverified: not checked:")
+    assert "distribution test of sampled requests (--samples 0)" in v.reason
+    assert verdict(reqs, cand, base, lossy=False, tol=Tolerances(allow_unverified=True)).constraints[-1] == 0.0
+    # The baseline is the reference: nothing to verify it against.
+    assert verdict(reqs, base, None, lossy=False, tol=Tolerances()).status == "ok"
+    # Lossy: the baseline's sampled path scored under both engines is its evidence.
+    greedy_only = {**scored("g", [1, 2], [-0.1, -0.2])}
+    v = verdict(reqs, cand, base, lossy=True, tol=Tolerances(), scores=greedy_only, base_scores=greedy_only)
+    assert v.status == "unverified" and "log-prob drift on sampled requests" in v.reason
+    both = {**greedy_only, **scored("s", [3], [-0.5])}
+    shifted = {**greedy_only, **scored("s", [3], [-0.52])}
+    v = verdict(reqs, cand, base, lossy=True, tol=Tolerances(), scores=shifted, base_scores=both)
+    assert v.status == "ok" and v.passed and v.logprob_tokens == 3 and v.logprob_drift == pytest.approx(0.02 / 3)
+    v = verdict(reqs, cand, base, lossy=True, tol=Tolerances(max_logprob_drift=0.001), scores=shifted,
+                base_scores=both)
+    assert v.status == "failed" and not v.passed
