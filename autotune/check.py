@@ -19,6 +19,7 @@ from typing import Any
 from autotune.errors import BadInput
 from autotune.metrics import ratio_interval
 from autotune.objectives import direction
+from autotune.served import compare_served
 
 SAME_RUN = "same run"
 TWO_RUNS = "two runs"
@@ -174,13 +175,18 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
                      "the comparison spans two runs, on each pick's speedup over its own run's baseline")
     changes: list[ObjectiveChange] = []
     drift = None
+    served = compare_served(new, old, tolerance=tolerance)  # None: neither run was confirmed served
     if nb is not None:
         for name in new.get("objectives") or old.get("objectives") or []:
             dirn = direction(name)
             if dirn is None:
                 continue
-            c = (_same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance) if dep is not None
-                 else _two_runs(name, dirn, new, old, tolerance))
+            if basis == TWO_RUNS and name == "output_tok_s" and served is not None and served.ratio is not None:
+                # Both picks were served (autotune confirm): their served speedups, not the in-process claims.
+                c = ObjectiveChange(name, dirn, served.old, served.new, served.ratio, None, None, served.regressed)
+            else:
+                c = (_same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance) if dep is not None
+                     else _two_runs(name, dirn, new, old, tolerance))
             if c is None:
                 notes.append(f"{name}: not measured on both sides, not compared")
                 continue
@@ -193,6 +199,9 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
             notes.append(f"the deployed config lost gain since the old run: {drift.then:.2f}x"
                          f"{_interval(drift.then_lo, drift.then_hi)} then, {drift.now:.2f}x"
                          f"{_interval(drift.now_lo, drift.now_hi)} now (speedups over each run's own baseline)")
+    if served is not None:
+        reasons += served.reasons
+        notes += served.notes
     ctx_new, ctx_old = _context(new), _context(old)
     changed = {k: (ctx_old[k], ctx_new[k]) for k in ctx_new if ctx_new[k] != ctx_old[k]}
     return CheckResult(ok=not reasons, reasons=reasons, objectives=changes,

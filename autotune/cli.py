@@ -213,6 +213,10 @@ def search(
                                          help="Trials run in parallel, each on its own share of this host's "
                                               "devices (GPUs, or CPU cores). More hosts: run search on each with "
                                               "the same --study and --storage (and --resume to join).")] = 1,
+    confirm: Annotated[bool, typer.Option("--confirm/--no-confirm", help="Then serve the pick as exported and "
+                                          "the baseline, 3 rounds a side, measured with vllm bench serve "
+                                          "(autotune confirm): best.json gets the served speedup beside the "
+                                          "claim.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the results (best.json) as JSON on stdout; "
                                                        "progress goes to stderr.")] = False,
 ) -> None:
@@ -237,12 +241,34 @@ def search(
         err.print("[yellow]interrupted:[/yellow] the running trial is recorded as failed; "
                   "continue with the same command and --resume")
         raise typer.Exit(130) from None
+    out = opts.results / report["study"]
+    if not json_:
+        search_summary(say, report, out)
+    if confirm and report.get("best"):
+        report = _confirm_after_search(out, opts, say, show=not json_)
     if json_:
         print(json.dumps(report, indent=2))
-    else:
-        search_summary(say, report, opts.results / report["study"])
     if not report.get("best"):
         raise typer.Exit(1)
+
+
+def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool) -> dict[str, Any]:
+    """`search --confirm`: serve the pick and the baseline (autotune confirm); the updated report."""
+    from autotune.confirm import confirm as run_confirm
+    from autotune.results import load_report
+    from autotune.served import served_line
+
+    try:
+        run_confirm(out, workload=opts.workload, format=opts.format, output_len=opts.output_len, turns=opts.turns,
+                    drop_too_long=opts.drop_too_long,
+                    say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/yellow] the study's results are written; servers ended")
+        raise typer.Exit(130) from None
+    report = load_report(out)
+    if show:
+        say.print(served_line(report), highlight=False, markup=False, soft_wrap=True)
+    return report
 
 
 def _newest_results(root: Path = Path("results")) -> Path:
@@ -294,6 +320,59 @@ def serve(ctx: typer.Context,
     argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(_chosen(results, "serve")["engine_kwargs"]),
             *ctx.args]
     os.execv(sys.executable, argv)  # the server becomes this process: signals reach it directly
+
+
+@app.command(epilog="Examples:\n\n  autotune confirm results/json_edit\n\n"
+             "  autotune confirm results/nightly --rounds 5 --json\n\n"
+             "  autotune confirm results/demo --workload examples/json_edit.jsonl --rounds 1")
+def confirm(
+    results: Annotated[Optional[Path], typer.Argument(
+        help="A results folder (or its best.json). Default: the newest under ./results.")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds a side: baseline, pick, baseline, pick, ..., "
+                                                    "a fresh server each.")] = 3,
+    warmups: Annotated[int, typer.Option(min=0, help="Warm-up requests per server "
+                                                     "(vllm bench serve --num-warmups).")] = 3,
+    workload: Annotated[Optional[Path], typer.Option(help="The study's workload file. Default: the path "
+                                                          "best.json records.")] = None,
+    format: Annotated[str, typer.Option("--format", help=f"Workload format: {', '.join(FORMATS)}.")] = "auto",
+    output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none.")] = None,
+    turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
+    drop_too_long: Annotated[bool, typer.Option(help="Leave out requests over the model's context, "
+                                                     "as the study did with it.")] = False,
+    ready_timeout: Annotated[float, typer.Option(min=1, help="Seconds for a server to answer /health "
+                                                             "before it is ended.")] = 600,
+    bench_timeout: Annotated[float, typer.Option(min=1, help="Seconds for one vllm bench serve run.")] = 1800,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the served numbers as JSON on stdout; "
+                                                          "progress goes to stderr.")] = False,
+) -> None:
+    """Serve the pick as exported (serve.sh) and the baseline the same way, measure both with vLLM's own
+    `vllm bench serve` on the study's workload and load, and write the served speedup beside the
+    in-process claim into best.json.
+
+    Rounds alternate baseline and pick, each on a fresh server; every server log and bench JSON goes
+    to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on bad input.
+    """
+    from autotune.confirm import confirm as run_confirm
+    from autotune.results import load_report
+    from autotune.served import served_line
+
+    results = results or _newest_results()
+    folder = results.parent if results.name == "best.json" else results
+    say = err if json_out else console
+    try:
+        served = run_confirm(folder, rounds=rounds, warmups=warmups, workload=workload,
+                             format=_workload_format(format), output_len=output_len, turns=_turns(turns),
+                             drop_too_long=drop_too_long, ready_timeout_s=ready_timeout, bench_timeout_s=bench_timeout,
+                             say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/yellow] every server was ended; best.json is unchanged")
+        raise typer.Exit(130) from None
+    if json_out:
+        print(json.dumps(served, indent=2))
+        return
+    say.print(served_line(load_report(folder)), highlight=False, markup=False, soft_wrap=True)
+    say.print(f"results: {folder}/confirm/ (server logs and vllm bench serve JSON per round); best.json updated",
+              highlight=False)
 
 
 @app.command(epilog="Examples:\n\n  autotune check results/nightly --against deployed/ --tolerance 5%\n\n"

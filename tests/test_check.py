@@ -172,3 +172,17 @@ def test_nightly_flow_on_the_fake_engine(tmp_path, monkeypatch, fake_engine_env)
     r = runner.invoke(app, ["check", str(tmp_path / "nospec"), "--against", str(deployed)])
     assert r.exit_code == 1 and "REGRESSION" in r.stdout and "spans two runs" in r.stdout
     assert "output_tok_s: the new pick's speedup over its baseline is" in r.stdout
+
+
+def test_across_two_runs_served_speedups_replace_the_in_process_claims():
+    """When both picks were confirmed served (autotune confirm), throughput across two runs is judged
+    on the served speedups: in-process claims run 4-17% above what a served config delivers."""
+    old, new = report(entry(180, 110)), report(entry(150, 110))  # in-process tok/s: 1.80x then, 1.50x now
+    old["objectives"] = new["objectives"] = ["output_tok_s"]  # served numbers are at the study's own load
+    old["best"]["served"] = {"speedup": 1.50, "speedup_lo": 1.45, "speedup_hi": 1.55}
+    new["best"]["served"] = {"speedup": 1.48, "speedup_lo": 1.44, "speedup_hi": 1.52}
+    r = compare(new, old, tolerance=0.05)
+    assert r.ok and r.basis == TWO_RUNS and r.objectives[0].ratio == pytest.approx(1.48 / 1.50)
+    new["best"]["served"] = {"failure": "the pick server exited before it was ready"}
+    r = compare(new, old, tolerance=0.05)
+    assert not r.ok and any("failed when served" in x for x in r.reasons)

@@ -1,0 +1,397 @@
+"""autotune.confirm: the pick served as exported, measured with vLLM's own bench client.
+
+Orchestration tests run real processes (servers in their own sessions, the bench client, ports,
+health checks, process groups) through a FAKE launcher: a small script standing in for the Python
+interpreter of ``python -m autotune.vllm_cli serve|bench serve``. It never imports vLLM. One test,
+marked ``engine``, confirms a short real study's pick with the real vLLM CPU engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import confirm as c
+from autotune.candidate import Candidate, Settings
+from autotune.errors import BadInput
+from autotune.export import command, serve_script
+from autotune.results import load_report
+from autotune.workload import Request
+
+# The FAKE launcher. serve: answers /health and /fake/speed (150 tok/s for a speculative config, else
+# 100), after spawning a child that stands in for vLLM's engine core (its pid goes to $FAKE_PIDS).
+# FAKE_SERVE=crash_pick: the speculative server exits 3 before it is ready; FAKE_SERVE=hang: no server
+# ever binds. bench serve: asks the server its speed and writes a `--save-result` JSON like vLLM's;
+# FAKE_BENCH=incomplete: one request failed. Every call's argv goes to $FAKE_CALLS, one JSON line each.
+FAKE = textwrap.dedent('''\
+    import http.server, json, os, subprocess, sys, time, urllib.request
+    argv = sys.argv[1:]
+    assert argv[:2] == ["-m", "autotune.vllm_cli"], argv
+    argv = argv[2:]
+    with open(os.environ["FAKE_CALLS"], "a") as f:
+        f.write(json.dumps(argv) + "\\n")
+    def opt(name):
+        return argv[argv.index(name) + 1]
+    if argv[0] == "serve":
+        spec = "--speculative-config" in argv
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.environ["FAKE_PIDS"], "a") as f:
+            f.write(f"{os.getpid()} {child.pid}\\n")
+        mode = os.environ.get("FAKE_SERVE", "ok")
+        if mode == "crash_pick" and spec:
+            print("RuntimeError: fake engine init failed", flush=True)
+            sys.exit(3)
+        if mode == "hang":
+            time.sleep(600)
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps({"tok_s": 150.0 if spec else 100.0}).encode()
+                self.send_response(200 if self.path in ("/health", "/fake/speed") else 404)
+                self.end_headers()
+                self.wfile.write(body)
+            def log_message(self, *a):
+                pass
+        http.server.HTTPServer((opt("--host"), int(opt("--port"))), H).serve_forever()
+    elif argv[:2] == ["bench", "serve"]:
+        with urllib.request.urlopen(opt("--base-url") + "/fake/speed") as r:
+            tok_s = json.load(r)["tok_s"]
+        n = int(opt("--num-prompts"))
+        rows = [json.loads(x) for x in open(opt("--dataset-path"))]
+        assert len(rows) == n and all("prompt" in x and "output_tokens" in x for x in rows)
+        bad = os.environ.get("FAKE_BENCH") == "incomplete"
+        out = {"completed": n - bad, "failed": int(bad), "output_throughput": tok_s, "duration": 1.0,
+               "median_tpot_ms": 1000.0 / tok_s, "median_ttft_ms": 10.0, "median_e2el_ms": 100.0}
+        if tok_s > 100:
+            out.update(spec_decode_acceptance_rate=60.0, spec_decode_acceptance_length=2.5)
+        with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as f:
+            json.dump(out, f)
+    else:
+        sys.exit(f"fake launcher: unexpected {argv}")
+''')
+
+MODEL = "/models/m"
+BASE_PARAMS = {"method": "none", "enforce_eager": True}
+PICK_PARAMS = {**BASE_PARAMS, "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+               "prompt_lookup_min": 2}
+
+
+def _entry(params: dict, settings: Settings, speedup: tuple[float, float, float]) -> dict:
+    cand = Candidate(params)
+    return {"trial": 0 if params["method"] == "none" else 1, "label": cand.label, "candidate": cand.params,
+            "engine_kwargs": cand.engine_kwargs(settings), "measurement": {"output_tok_s": 100.0 * speedup[0]},
+            "verdict": {"passed": True, "reason": "ok"},
+            "speedup": dict(zip(("output_tok_s", "output_tok_s_lo", "output_tok_s_hi"), speedup))}
+
+
+def write_results(d: Path, *, model: str = MODEL, workload: str = "examples/smoke.jsonl",
+                  claimed: tuple[float, float, float] = (1.6, 1.5, 1.7), load: str = "concurrency=1") -> Path:
+    """A results folder as `autotune search` leaves it (best.json, serve.sh, report.md)."""
+    d.mkdir(parents=True, exist_ok=True)
+    s = Settings(model=model, max_model_len=1024, gpu_memory_utilization=0.3)
+    best = _entry(PICK_PARAMS, s, claimed)
+    report = {"schema_version": 1, "study": d.name, "workload": workload, "load": load, "concurrency": 1,
+              "objectives": ["output_tok_s", "e2e_ms_p50"], "platform": {"platform": "cpu"}, "vllm_version": "0.32.0",
+              "baseline": _entry(BASE_PARAMS, s, (1.0, 1.0, 1.0)), "best": best, "pareto": [best],
+              "serve_command": command(best["engine_kwargs"])}
+    (d / "best.json").write_text(json.dumps(report, indent=2))
+    (d / "serve.sh").write_text(serve_script(best["engine_kwargs"], platform="cpu"))
+    (d / "report.md").write_text("# autotune study\n\nthe study's own text\n")
+    return d
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """The FAKE launcher as ``python``; returns a reader of its calls and of the pids it started."""
+    exe = tmp_path / "fake_python"
+    exe.write_text(f"#!{sys.executable}\n" + FAKE)
+    exe.chmod(0o755)
+    calls, pids = tmp_path / "calls.jsonl", tmp_path / "pids.txt"
+    monkeypatch.setenv("FAKE_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_PIDS", str(pids))
+
+    class Fake:
+        python = str(exe)
+
+        @staticmethod
+        def calls() -> list[list[str]]:
+            return [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
+
+        @staticmethod
+        def pids() -> list[int]:
+            return [int(p) for line in (pids.read_text().splitlines() if pids.exists() else []) for p in line.split()]
+
+    return Fake
+
+
+def _gone(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # an orphaned child already killed may wait a moment to be reaped by init
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# --------------------------------------------------------------------------------------------- client plan
+
+
+def test_client_plan_keeps_each_requests_max_tokens_and_renders_chat():
+    reqs = [Request(id="a", prompt="Edit: x", max_tokens=48),
+            Request(id="b", messages=({"role": "user", "content": "hi"},), max_tokens=7)]
+    plan = c.client_plan(reqs, load="concurrency=1", render=lambda m: f"<user>{m[0]['content']}</user>", warmups=2)
+    assert plan.rows == [{"prompt": "Edit: x", "output_tokens": 48}, {"prompt": "<user>hi</user>", "output_tokens": 7}]
+    f = plan.flags
+    # per-request lengths; prompts sent as the study's engine gets them (no second chat template)
+    assert f[f.index("--custom-output-len") + 1] == "-1" and "--skip-chat-template" in f
+    assert f[f.index("--dataset-name") + 1] == "custom" and "--disable-shuffle" in f
+    assert f[f.index("--max-concurrency") + 1] == "1" and f[f.index("--request-rate") + 1] == "inf"
+    assert f[f.index("--num-prompts") + 1] == "2" and f[f.index("--num-warmups") + 1] == "2"
+    assert f[f.index("--temperature") + 1] == "0" and "--ignore-eos" not in f
+    assert plan.notes == []
+
+
+def test_client_plan_says_what_one_setting_for_all_requests_changes():
+    reqs = [Request(id="a", prompt="p", temperature=0.0, stop=("\n",), turns=None),
+            Request(id="b", prompt="q", temperature=0.0, stop=("\n",)),
+            Request(id="c", prompt="r", temperature=0.8, seed=3, ignore_eos=True)]
+    plan = c.client_plan(reqs, load="batch", render=None)
+    assert plan.flags[plan.flags.index("--extra-body") + 1] == '{"stop": ["\\n"]}'
+    assert "--max-concurrency" not in plan.flags
+    text = " | ".join(plan.notes)
+    assert "sampling differs by request" in text and "temperature=0" in text
+    assert "ignore_eos differs" in text and "stop sequences differ" in text and "seeds" in text
+
+
+def test_client_plan_chat_without_a_tokenizer_is_bad_input():
+    with pytest.raises(BadInput, match="request 'b': chat messages need the model's tokenizer"):
+        c.client_plan([Request(id="b", messages=({"role": "user", "content": "hi"},))], load=None, render=None)
+
+
+@pytest.mark.parametrize("label, flags", [
+    ("concurrency=4", ["--request-rate", "inf", "--max-concurrency", "4"]),
+    ("batch", ["--request-rate", "inf"]),
+    ("poisson=2.5/s", ["--request-rate", "2.5", "--burstiness", "1", "--seed", "0"]),
+    (None, ["--request-rate", "inf", "--max-concurrency", "1"]),
+])
+def test_load_flags(label, flags):
+    assert c.load_flags(label, requests=[]) == (flags, [])
+
+
+def test_replay_becomes_poisson_at_the_mean_rate_with_a_note():
+    reqs = [Request(id=str(i), prompt="p", arrival_s=float(i) * 0.5) for i in range(5)]
+    flags, notes = c.load_flags("replay", requests=reqs)
+    assert flags[:2] == ["--request-rate", "2"] and "cannot replay" in notes[0]
+
+
+def test_bad_load_label_names_the_key():
+    with pytest.raises(BadInput, match="key 'load'"):
+        c.load_flags("sometimes", requests=[])
+
+
+# --------------------------------------------------------------------------------------------- verdict
+
+
+@pytest.mark.parametrize("served, claimed, expect", [
+    ((1.32, 1.25, 1.40), (1.58, 1.49, 1.71), "the served speedup 1.32x [1.25-1.40] lies below the claimed "
+                                              "1.58x [1.49-1.71] (in-process)"),
+    ((1.50, 1.40, 1.55), (1.58, 1.49, 1.71), "agree"),
+    ((2.40, 2.30, 2.50), (2.00, 1.90, 2.10), "the served speedup 2.40x [2.30-2.50] lies above the claimed "
+                                              "2.00x [1.90-2.10] (in-process)"),
+    ((1.2, None, None), (1.3, None, None), "the served speedup 1.20x lies below the claimed 1.30x (in-process)"),
+    ((1.2, 1.0, 1.4), (1.3, None, None), "agree"),
+])
+def test_verdict(served, claimed, expect):
+    assert c.verdict(served, claimed) == expect
+
+
+# --------------------------------------------------------------------------------------------- the step (fake)
+
+
+def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake):
+    d = write_results(tmp_path / "study", claimed=(1.6, 1.55, 1.7))
+    lines: list[str] = []
+    served = c.confirm(d, rounds=2, warmups=1, python=fake.python, say=lines.append)
+    calls = fake.calls()
+    serves = [x for x in calls if x[0] == "serve"]
+    # baseline, pick, baseline, pick: a fresh server each, the pick from serve.sh as written
+    assert ["--speculative-config" in x for x in serves] == [False, True, False, True]
+    assert all(x[1] == MODEL and x[x.index("--gpu-memory-utilization") + 1] == "0.3" for x in serves)
+    assert len({x[x.index("--port") + 1] for x in serves}) >= 2
+    benches = [x for x in calls if x[:2] == ["bench", "serve"]]
+    assert len(benches) == 4 and all(b[b.index("--model") + 1] == MODEL for b in benches)
+    assert served["order"] == ["baseline", "pick", "baseline", "pick"]
+    assert served["pick_output_tok_s"] == [150.0, 150.0] and served["baseline_output_tok_s"] == [100.0, 100.0]
+    assert served["speedup"] == pytest.approx(1.5)
+    assert (served["speedup_lo"], served["speedup_hi"]) == (pytest.approx(1.5), pytest.approx(1.5))
+    assert served["pick"]["acceptance_rate"] == pytest.approx(0.6) and served["baseline"]["acceptance_rate"] is None
+    assert served["claimed"] == {"speedup": 1.6, "lo": 1.55, "hi": 1.7}
+    # files kept: each round's server log and bench JSON, the dataset and the baseline script
+    for n in (1, 2):
+        for side in c.SIDES:
+            for ext in ("log", "json", "bench.log"):
+                assert (d / "confirm" / f"round-{n}-{side}.{ext}").is_file()
+    assert (d / "confirm" / "workload.jsonl").read_text().count("\n") == 6
+    assert "--speculative-config" not in (d / "confirm" / "baseline.sh").read_text()
+    # best.json: still a StudyReport (schema 1), now with both numbers and the verdict
+    report = load_report(d)
+    assert report["schema_version"] == 1
+    assert report["best"]["served"]["speedup"] == pytest.approx(1.5)
+    assert report["best"]["speedup"]["output_tok_s"] == 1.6
+    assert report["served_vs_claimed"] == ("the served speedup 1.50x [1.50-1.50] lies below the claimed "
+                                           "1.60x [1.55-1.70] (in-process)")
+    assert c.served_line(report).startswith("served: 1.50x [1.50-1.50] the baseline's output tok/s")
+    md = (d / "report.md").read_text()
+    assert md.startswith("# autotune study\n\nthe study's own text\n") and md.count(c.SECTION) == 1
+    assert "lies below the claimed" in md
+    assert any("round 2/2 pick: 150.0 output tok/s" in x for x in lines)
+    # nothing left: every server's process group and its "engine core" child
+    assert all(_gone(p) for p in fake.pids()) and len(fake.pids()) == 8
+    assert all(not c.group_alive(r["server_pid"]) for r in served["per_round"])
+    # a second confirm replaces the served numbers and the report section, never appends
+    c.confirm(d, rounds=1, warmups=0, python=fake.python)
+    assert load_report(d)["best"]["served"]["rounds"] == 1
+    assert (d / "report.md").read_text().count(c.SECTION) == 1
+
+
+def test_a_server_that_crashes_is_told_from_a_timeout_and_recorded(tmp_path, fake, monkeypatch):
+    d = write_results(tmp_path / "study")
+    monkeypatch.setenv("FAKE_SERVE", "crash_pick")
+    with pytest.raises(c.ServeFailed, match=r"the pick server \(serve.sh, round 1\) exited before it was ready "
+                                            r"\(exit code 3; log .*round-1-pick.log\): RuntimeError: fake engine"):
+        c.confirm(d, rounds=1, warmups=0, python=fake.python)
+    report = load_report(d)
+    assert "exited before it was ready" in report["best"]["served"]["failure"]
+    assert report["best"]["served"]["rounds_done"][0]["side"] == "baseline"
+    assert report["served_vs_claimed"] is None
+    assert json.loads((d / "confirm" / "failure.json").read_text())["error"] == "ServeFailed"
+    assert c.served_line(report).startswith("served: not confirmed: the pick server")
+    assert all(_gone(p) for p in fake.pids())
+
+
+def test_a_server_never_ready_times_out_and_its_group_is_ended(tmp_path, fake, monkeypatch):
+    d = write_results(tmp_path / "study")
+    monkeypatch.setenv("FAKE_SERVE", "hang")
+    with pytest.raises(c.ServeFailed, match=r"the baseline server .* not ready after 1.5 s"):
+        c.confirm(d, rounds=1, warmups=0, python=fake.python, ready_timeout_s=1.5)
+    assert len(fake.pids()) == 2 and all(_gone(p) for p in fake.pids())
+
+
+def test_an_incomplete_bench_run_fails_the_round(tmp_path, fake, monkeypatch):
+    d = write_results(tmp_path / "study")
+    monkeypatch.setenv("FAKE_BENCH", "incomplete")
+    with pytest.raises(c.ServeFailed, match="incomplete run: 5 of 6 requests completed, 1 failed"):
+        c.confirm(d, rounds=1, warmups=0, python=fake.python)
+    assert all(_gone(p) for p in fake.pids())
+
+
+def test_results_that_cannot_be_confirmed_are_bad_input(tmp_path, fake):
+    with pytest.raises(BadInput, match="no such results file"):
+        c.confirm(tmp_path / "none", python=fake.python)
+    d = write_results(tmp_path / "moved", workload="gone/w.jsonl")
+    with pytest.raises(BadInput, match="key 'workload': gone/w.jsonl: no such file from here"):
+        c.confirm(d, python=fake.python)
+    report = json.loads((d / "best.json").read_text())
+    report["best"] = None
+    (d / "best.json").write_text(json.dumps(report))
+    with pytest.raises(BadInput, match="no feasible configuration to confirm"):
+        c.confirm(d, python=fake.python)
+    assert fake.calls() == []  # nothing was started
+
+
+# --------------------------------------------------------------------------------------------- for check
+
+
+def _with_served(report: dict, speedup: float | None, lo=None, hi=None, failure=None, line=None) -> dict:
+    report = json.loads(json.dumps(report))
+    report["best"]["served"] = {"failure": failure} if failure else {"speedup": speedup, "speedup_lo": lo,
+                                                                      "speedup_hi": hi, "rounds": 3}
+    report["served_vs_claimed"] = line
+    return report
+
+
+@pytest.fixture
+def two(tmp_path):
+    return (json.loads((write_results(tmp_path / "new") / "best.json").read_text()),
+            json.loads((write_results(tmp_path / "old") / "best.json").read_text()))
+
+
+def test_compare_served_neither_served_is_none(two):
+    assert c.compare_served(*two, tolerance=0.05) is None
+
+
+def test_compare_served_both_served_compares_served_speedups(two):
+    new, old = _with_served(two[0], 1.20, 1.10, 1.30), _with_served(two[1], 1.40, 1.30, 1.50)
+    r = c.compare_served(new, old, tolerance=0.05)
+    assert r.ratio == pytest.approx(1.2 / 1.4) and r.regressed and r.reasons == []
+    assert "compared on served speedups" in r.notes[0]
+    r = c.compare_served(new, _with_served(two[1], 1.22), tolerance=0.05)
+    assert not r.regressed
+
+
+def test_compare_served_fails_on_a_pick_that_does_not_serve_or_loses_served(two):
+    r = c.compare_served(_with_served(two[0], None, failure="the pick server exited"), two[1], tolerance=0.05)
+    assert r.reasons == ["the new pick's exported command failed when served (autotune confirm): "
+                         "the pick server exited"] and r.ratio is None
+    line = "the served speedup 0.90x [0.85-0.95] lies below the claimed 1.60x [1.50-1.70] (in-process)"
+    r = c.compare_served(_with_served(two[0], 0.90, 0.85, 0.95, line=line), two[1], tolerance=0.05)
+    assert r.reasons[0].startswith("the new pick is slower than its baseline when served: 0.90x [0.85-0.95]")
+    assert line in r.notes and r.ratio is None  # the old run was not served: no served ratio
+
+
+def test_compare_served_only_old_served_is_a_note(two):
+    r = c.compare_served(two[0], _with_served(two[1], 1.4), tolerance=0.05)
+    assert r.reasons == [] and r.ratio is None and not r.regressed
+    assert any("not confirmed served" in n for n in r.notes)
+
+
+# --------------------------------------------------------------------------------------------- real engine
+
+
+@pytest.mark.engine
+def test_real_engine_confirms_a_short_studys_pick(tmp_path):
+    """A 2-trial study on the demo pair (baseline, ngram k=3), then 1 round a side served with the
+    real `vllm serve` and measured with the real `vllm bench serve`."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    t0 = time.monotonic()
+    ngram = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+                        "prompt_lookup_min": 2, "kv_cache_dtype": "auto", "quantization": "none",
+                        "enforce_eager": True})
+    r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml",
+                                 "--trials", "2", "--try", ngram, "--results", str(tmp_path), "--study", "s",
+                                 "--repeats", "2", "--max-repeats", "2", "--warmup", "1", "--trial-timeout", "300"])
+    assert r.exit_code == 0, r.output
+    d = tmp_path / "s"
+    study_s = time.monotonic() - t0
+    served = c.confirm(d, rounds=1, warmups=1, say=print)
+    report = load_report(d)
+    b = report["best"]
+    assert b["label"] == "ngram k=3 lookup=2..4 eager"
+    # both numbers, side by side
+    assert b["speedup"]["output_tok_s"] > 0 and served["speedup"] > 0
+    assert b["served"]["speedup"] == pytest.approx(served["speedup"])
+    assert report["served_vs_claimed"] == "agree" or "lies" in report["served_vs_claimed"]
+    assert served["order"] == ["baseline", "pick"] and served["vllm_version"] == report["vllm_version"]
+    for side in c.SIDES:
+        data = json.loads((d / "confirm" / f"round-1-{side}.json").read_text())
+        assert data["completed"] == 6 and data["failed"] == 0 and data["output_throughput"] > 0
+        assert "Application startup complete" in (d / "confirm" / f"round-1-{side}.log").read_text()
+    # vLLM's own counters, through the server: the pick speculated, the baseline did not
+    assert 0 < served["pick"]["acceptance_rate"] <= 1 and served["baseline"]["acceptance_rate"] is None
+    # servers started and stopped cleanly: no process of either server's group is left
+    assert all(not c.group_alive(x["server_pid"]) for x in served["per_round"])
+    print(f"study {study_s:.0f} s, confirm {time.monotonic() - t0 - study_s:.0f} s; claimed "
+          f"{b['speedup']['output_tok_s']:.2f}x, served {served['speedup']:.2f}x: {report['served_vs_claimed']}")
