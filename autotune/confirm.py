@@ -22,7 +22,6 @@ timeout; the whole process group is ended (SIGTERM, then SIGKILL) and checked to
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import statistics
@@ -313,23 +312,14 @@ def _command(engine_kwargs: dict[str, Any]) -> str:
     return command(engine_kwargs)
 
 
-def _finite(x: Any) -> Any:
-    """JSON without NaN (not valid JSON): NaN and infinities become null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
 def _record(results_dir: Path, served: dict[str, Any], line: str | None) -> None:
     """Write ``served`` under ``best`` and the one-line verdict at the top of best.json (in place;
     schema_version stays 1: these keys are additions), and the served section of report.md."""
     path = results_dir / "best.json"
     report = json.loads(path.read_text())
-    report["best"]["served"] = _finite(served)
+    from autotune.results import _clean  # JSON without NaN
+
+    report["best"]["served"] = _clean(served)
     report["served_vs_claimed"] = line
     _write_atomic(path, json.dumps(report, indent=2) + "\n")
     _update_markdown(results_dir, report)

@@ -324,6 +324,44 @@ async def _windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
     return windows
 
 
+async def _trace(job: Job, phase: Phase) -> dict[str, Any]:
+    """A draft model's greedy choice at every position of the baseline's outputs, teacher-forced.
+
+    ``job['trace']``: request id -> {"prompt": prompt token ids, "output": the baseline's tokens}.
+    The engine is the draft model alone. One prefill of prompt + output with ``prompt_logprobs=1``
+    gives the draft's argmax for each output token after the first (the rank-1 entry), and the one
+    generated token its choice after the whole output: ``argmax[i]`` predicts output[i + 1], as
+    autotune.predict.DraftTrace wants.
+    """
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    phase("engine", {})
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**job["engine_kwargs"]))
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+    out: dict[str, Any] = {}
+    try:
+        phase("score", {"total": len(job["trace"])})
+        for rid, t in job["trace"].items():
+            final = None
+            async for final in engine.generate(TokensPrompt(prompt_token_ids=t["prompt"] + t["output"]), params,
+                                               f"{rid}-trace-{uuid.uuid4().hex[:8]}"):
+                pass
+            by_pos = final.prompt_logprobs[len(t["prompt"]):]
+            best = [next(tok for tok, lp in d.items() if lp.rank == 1) for d in by_pos[1:]]
+            out[rid] = best + list(final.outputs[0].token_ids[:1])
+    finally:
+        engine.shutdown()
+    return {"traces": out, "vllm_version": vllm_version()}
+
+
 def run_job(job: Job, phase: Phase) -> RawRun:
-    """Start the engine for ``job['engine_kwargs']``, warm up, replay, return a RawRun dict."""
+    """Start the engine for ``job['engine_kwargs']``, warm up, replay, return a RawRun dict (or, for a
+    trace job, a draft's teacher-forced argmax over the baseline's outputs: ``_trace``)."""
+    if "trace" in job:
+        return asyncio.run(_trace(job, phase))  # type: ignore[return-value]
     return asyncio.run(_run(job, phase))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 Proposer = Callable[[Sequence[int], int], Sequence[int]]  # (context so far, position in output) -> draft
 
@@ -158,3 +159,20 @@ def draft_acceptance(traces: Sequence[DraftTrace], *, k: int) -> Acceptance:
         total += replay(t.prompt, t.output,
                         lambda _ctx, pos, a=t.argmax: (list(a[pos - 1:pos - 1 + k]) + [-1] * k)[:k], k)
     return total
+
+
+def trace_job(draft_kwargs: dict[str, Any], outputs: Sequence[dict[str, Any]], engine_module: str) -> dict[str, Any]:
+    """The worker job that traces a draft model over the baseline's outputs (autotune.engine._trace).
+
+    ``draft_kwargs``: engine kwargs that load the draft as a plain model; ``outputs``: the baseline
+    trial's outputs (with vLLM's own ``prompt_token_ids``).
+    """
+    return {"engine_kwargs": draft_kwargs, "engine_module": engine_module, "requests": [],
+            "trace": {o["id"]: {"prompt": o["prompt_token_ids"], "output": o["token_ids"]}
+                      for o in outputs if o.get("prompt_token_ids") and o.get("token_ids")}}
+
+
+def draft_traces(outputs: Sequence[dict[str, Any]], argmax: dict[str, list[int]]) -> list[DraftTrace]:
+    """DraftTraces from the baseline's outputs and a trace job's result (``traces``)."""
+    return [DraftTrace(tuple(o["prompt_token_ids"]), tuple(o["token_ids"]), tuple(argmax[o["id"]]))
+            for o in outputs if o["id"] in argmax]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from typing import Any
 
 import optuna
@@ -29,6 +30,22 @@ JOURNAL = "journal:"
 def redact(url: str) -> str:
     """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def _rdb(url: str, kwargs: dict[str, Any], tries: int = 3) -> BaseStorage:
+    """Optuna's RDBStorage. On a new database, workers started together race to create its tables:
+    PostgreSQL then refuses all but one ("duplicate key value violates unique constraint
+    pg_type_typname_nsp_index"). The tables exist by the next try."""
+    for attempt in range(tries):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S)
+        except Exception as e:  # sqlalchemy.exc.IntegrityError, ProgrammingError ("already exists")
+            text = str(e)
+            if attempt + 1 == tries or not ("UniqueViolation" in text or "already exists" in text):
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def open_storage(url: str) -> BaseStorage:
@@ -50,8 +67,7 @@ def open_storage(url: str) -> BaseStorage:
     else:
         kwargs["pool_pre_ping"] = True  # a long trial outlives idle server connections
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
-                                          grace_period=GRACE_S)
+        return _rdb(url, kwargs)
     except Exception as e:  # SQLAlchemy's ArgumentError, OperationalError, a missing driver, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BadInput(f"--storage {redact(url)}: cannot open ({type(e).__name__}: {first[:200]})") from None

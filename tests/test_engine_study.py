@@ -236,3 +236,25 @@ def test_ngram_acceptance_replayed_from_the_baselines_tokens_matches_vllms_count
     assert a.acceptance_rate == pytest.approx(m["acceptance_rate"], rel=0.05)
     windows = m["windows"]  # the counters are summed over the measured windows
     assert a.drafts == pytest.approx(m["spec_drafts"] / windows, rel=0.03)
+
+
+def test_draft_acceptance_from_one_teacher_forced_pass_matches_vllms_counters(study_dir, tmp_path):
+    """One pass of the draft alone over the baseline's outputs (its argmax at every position)
+    predicts the draft_model trial's mean accepted length within 3%."""
+    import optuna
+
+    from autotune.predict import draft_acceptance, draft_traces, trace_job
+    from autotune.worker import run_trial
+
+    study = optuna.load_study(study_name="e2e", storage=f"sqlite:///{study_dir / 'study.db'}")
+    base = next(t for t in study.trials if t.user_attrs.get("role") == "baseline")
+    draft = next(t for t in study.trials if t.user_attrs.get("label", "").startswith("draft_model"))
+    kwargs = {**load_report(study_dir)["baseline"]["engine_kwargs"], "model": str(demo.DRAFT)}
+    out = run_trial(trace_job(kwargs, base.user_attrs["outputs"], "autotune.engine"), tmp_path / "trace",
+                    timeout_s=300)
+    assert out.raw is not None, out.failure
+    traces = draft_traces(base.user_attrs["outputs"], out.raw["traces"])
+    assert len(traces) == len(base.user_attrs["outputs"])
+    m = draft.user_attrs["measurement"]
+    a = draft_acceptance(traces, k=draft.user_attrs["candidate"]["num_speculative_tokens"])
+    assert a.mean_accepted_length == pytest.approx(m["mean_accepted_length"], rel=0.03)

@@ -27,6 +27,7 @@ class TaskResult:
     domain: str
     ok: bool
     reason: str = ""
+    fields: float | None = None  # json/config edits: the share of the expected fields the output got right
 
 
 def _clean(output: str) -> str:
@@ -43,6 +44,19 @@ def _parse_config(text: str) -> dict[str, str] | None:
     return pairs
 
 
+def _leaves(x: object, path: str = "") -> dict[str, object]:
+    if isinstance(x, dict):
+        return {k: v for key, val in x.items() for k, v in _leaves(val, f"{path}.{key}").items()}
+    if isinstance(x, list):
+        return {k: v for i, val in enumerate(x) for k, v in _leaves(val, f"{path}[{i}]").items()}
+    return {path: x}
+
+
+def _share(got: object, want: object) -> float:
+    g, w = _leaves(got), _leaves(want)
+    return sum(g.get(k) == v for k, v in w.items()) / len(w) if w else 1.0
+
+
 def _check_json(m: re.Match, output: str) -> TaskResult:
     instruction, record = m.group(1), json.loads(m.group(2))
     if qty := _QTY.match(instruction):
@@ -57,8 +71,12 @@ def _check_json(m: re.Match, output: str) -> TaskResult:
     try:
         got = json.loads(_clean(output))
     except ValueError:
-        return TaskResult("json", False, "output is not JSON")
-    return TaskResult("json", got == record, "" if got == record else "record differs from the asked edit")
+        return TaskResult("json", False, "output is not JSON", 0.0)
+    if got == record:
+        return TaskResult("json", True, "", 1.0)
+    wrong = sorted(k for k, v in _leaves(record).items() if _leaves(got).get(k) != v)
+    return TaskResult("json", False, f"record differs from the asked edit at {', '.join(wrong[:4])}",
+                      _share(got, record))
 
 
 def _check_config(m: re.Match, output: str) -> TaskResult:
@@ -67,8 +85,9 @@ def _check_config(m: re.Match, output: str) -> TaskResult:
     want[key] = value
     got = _parse_config(_clean(output))
     if got is None:
-        return TaskResult("config", False, "output is not key: value lines")
-    return TaskResult("config", got == want, "" if got == want else "config differs from the asked edit")
+        return TaskResult("config", False, "output is not key: value lines", 0.0)
+    return TaskResult("config", got == want, "" if got == want else "config differs from the asked edit",
+                      _share(got, want))
 
 
 def _check_logs(prompt: str, output: str) -> TaskResult:
@@ -118,4 +137,8 @@ def rates(results: list[TaskResult]) -> dict[str, float]:
     edits = [r for r in results if r.domain in ("json", "config")]
     if edits:
         out["edit"] = sum(r.ok for r in edits) / len(edits)
+    for domain in ("json", "config"):  # how close the misses are: the share of fields right
+        mine = [r.fields for r in results if r.domain == domain and r.fields is not None]
+        if mine:
+            out[f"{domain}_fields"] = sum(mine) / len(mine)
     return out

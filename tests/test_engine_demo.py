@@ -1,0 +1,54 @@
+"""The bundled demo target does the corpus tasks (real vLLM engine, greedy).
+
+Every figure autotune reports on the demo is measured on this pair, so it must behave like the
+models users tune: asked to edit a record, it copies the record and changes the asked field. A
+retrain that loses the skill fails here. The same checks, with more sets, are
+benchmarks/demo_quality.py.
+
+Held at the levels the shipped pair reaches (README, "The demo model pair"): config edits exact,
+JSON records copied field by field. Issue 11's bar of 90% exact JSON records is not reached yet:
+the pair gets every field but `city` and `status` (see docs/findings.md), so exact JSON is
+measured and reported, not held.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from demo_quality import judged, outputs  # noqa: E402
+
+from autotune.demo.corpus import fresh_examples  # noqa: E402
+
+pytestmark = pytest.mark.engine
+CONFIG_EXACT = 0.85  # measured: 100% on the examples, 93% on a fresh 64-request set
+JSON_FIELDS = 0.70  # share of a JSON record's fields right; measured: see the README
+
+
+@pytest.fixture(scope="module")
+def quality(tmp_path_factory):
+    work = tmp_path_factory.mktemp("quality")
+    fresh = work / "fresh.jsonl"
+    rows = [{"id": f"fresh-{i:02d}", "prompt": e.prompt, "max_tokens": 192, "temperature": 0.0}
+            for i, e in enumerate(fresh_examples(32, seed=31337, domains=("json", "config")))]
+    fresh.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = {name: judged(outputs(path, {"method": "none"}, work / name))
+           for name, path in (("examples", ROOT / "examples" / "json_edit.jsonl"), ("fresh", fresh))}
+    print({name: q["rates"] for name, q in out.items()})
+    return out
+
+
+@pytest.mark.parametrize("name", ["examples", "fresh"])
+def test_the_target_returns_the_config_with_exactly_the_asked_edit(quality, name):
+    assert quality[name]["rates"]["config"] >= CONFIG_EXACT, quality[name]["failures"]
+
+
+@pytest.mark.parametrize("name", ["examples", "fresh"])
+def test_the_target_copies_the_json_record_it_edits(quality, name):
+    assert quality[name]["rates"]["json_fields"] >= JSON_FIELDS, quality[name]["failures"]
