@@ -76,7 +76,8 @@ def _interval(s: dict[str, Any]) -> str:
 
 
 def pareto_table(report: dict[str, Any]) -> Table:
-    """The Pareto front with each config's speedup over the baseline."""
+    """The Pareto front with each config's speedup over the baseline (and the pick, where lossless
+    first chose it over a faster lossy config on the front)."""
     t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})")
     for col in ("trial", "config", "tok/s", "speedup", "e2e p50 ms", "tpot p50 ms", "accept", "verdict"):
         # fold, not "draft_…": a narrow terminal breaks a long config or number, never cuts it short.
@@ -84,6 +85,8 @@ def pareto_table(report: dict[str, Any]) -> Table:
     rows = ([report["baseline"]] if report.get("baseline") else []) + \
         [e for e in report["pareto"] if not report.get("baseline") or e["trial"] != report["baseline"]["trial"]]
     best = (report.get("best") or {}).get("trial")
+    if best is not None and best not in {e["trial"] for e in rows}:  # lossless first: the pick may be off the front
+        rows.append(report["best"])
     for e in rows:
         m, s = e["measurement"], e["speedup"] or {}
         name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + (" *best*" if e["trial"] == best else "")
