@@ -64,7 +64,7 @@ class Evaluation:
 
 def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: Reference | None = None) -> Job:
     """The plain-data job a worker runs: engine kwargs, requests, replay settings (and, for a
-    candidate, the baseline's greedy tokens to score)."""
+    candidate, the baseline's output tokens to score)."""
     reqs: list[JobRequest] = []
     for r in workload.requests:
         req: dict[str, Any] = {"id": r.id, "prompt": r.prompt, "messages": list(r.messages) if r.messages else None,
@@ -108,7 +108,7 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
     outputs = [{"id": r["id"], "token_ids": r["token_ids"], "text": r["text"], "finish_reason": r["finish_reason"],
                 "error": r["error"], "chunks": len(r["chunks"]), "prompt_token_ids": r.get("prompt_token_ids")}
                for r in records]
-    base = reference
+    base = reference  # None for the baseline itself
     v = verdict(expand_turns(requests), records, None if base is None else base.outputs, lossy=cand.lossy,
                 tol=cfg.tolerances, samples=raw.get("samples"), base_samples=None if base is None else base.samples,
                 scores=raw.get("scores"), base_scores=None if base is None else base.scores)
