@@ -18,7 +18,7 @@ from typing import Any
 
 from autotune.errors import BadInput
 from autotune.metrics import ratio_interval
-from autotune.objectives import direction
+from autotune.objectives import direction, windows_key
 from autotune.served import compare_served
 
 SAME_RUN = "same run"
@@ -105,9 +105,7 @@ def _same_run(name: str, dirn: str, pick: dict[str, Any], dep: dict[str, Any], t
     if not _finite(n, d) or n <= 0 or d <= 0:
         return None
     r = _oriented(n, d, dirn)
-    metric, _, level = name.partition("@")
-    windows = f"{metric}_windows" + (f"@{level}" if level else "")
-    nw, dw = pick.get(windows) or [], dep.get(windows) or []
+    nw, dw = pick.get(windows_key(name)) or [], dep.get(windows_key(name)) or []
     lo, hi = ratio_interval(nw, dw) if dirn == "maximize" else ratio_interval(dw, nw)
     return ObjectiveChange(name, dirn, d, n, r, _nan_none(lo), _nan_none(hi), r < 1 - tol)
 

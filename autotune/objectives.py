@@ -17,6 +17,13 @@ def split_objective(name: str) -> tuple[str, str | None]:
     return metric, (f"concurrency={level}" if level.isdigit() else level) or None
 
 
+def windows_key(name: str) -> str:
+    """The measurement key of an objective's per-window values: ``output_tok_s@16`` ->
+    ``output_tok_s_windows@concurrency=16`` (as autotune.metrics.at_level writes them)."""
+    metric, level = split_objective(name)
+    return f"{metric}_windows" + (f"@{level}" if level else "")
+
+
 def direction(name: str) -> str | None:
     """``maximize`` or ``minimize`` for an objective name (any level), None if it is no objective."""
     return DIRECTIONS.get(split_objective(name)[0])

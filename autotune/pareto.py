@@ -14,6 +14,7 @@ from autotune import attrs
 from autotune.attrs import DEPLOYED
 from autotune.candidate import Candidate
 from autotune.metrics import ratio_interval
+from autotune.objectives import windows_key
 from autotune.study import baseline_trial
 
 METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
@@ -38,8 +39,7 @@ LOSSY_MIN_GAIN = 0.03  # default --lossy-min-gain
 
 
 def _windows(t: FrozenTrial, objective: str) -> list[float]:
-    metric, _, level = objective.partition("@")
-    return t.user_attrs[attrs.MEASUREMENT].get(f"{metric}_windows" + (f"@{level}" if level else "")) or []
+    return t.user_attrs[attrs.MEASUREMENT].get(windows_key(objective)) or []
 
 
 def lossy_gain(lossy: FrozenTrial, lossless: FrozenTrial, objective: str, maximize: bool) -> tuple[float, float]:
