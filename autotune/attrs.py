@@ -24,6 +24,8 @@ VLLM_VERSION = "vllm_version"
 FAILURE = "failure"  # why a trial failed (one line)
 INTERRUPTED = "interrupted"  # cut short (Ctrl-C, a dead worker): not counted, measured again
 DUPLICATE_OF = "duplicate_of"  # the trial that already measured this candidate
+PREDICTED = "predicted"  # autotune.forecast.Forecast.to_dict(), made before the trial was measured
+PLANNED = "planned"  # why the strategy chose this candidate (predict, grid)
 # The baseline's reference for judging candidates.
 OUTPUTS = "outputs"
 SAMPLES = "samples"
@@ -38,11 +40,16 @@ EXTRA_BASELINE = "extra baseline"  # a baseline queued twice (two workers starte
 OBJECTIVES = "objectives"
 WORKLOAD = "workload"
 SPACE = "space"
+MAX_MODEL_LEN = "max_model_len"
+SPACE_RESOLVED = "space_resolved"  # autotune.space.SearchSpace.resolved: to load the same space again
 LOAD = "load"
 CONCURRENCY = "concurrency"
 LEVELS = "levels"  # the study's own load level first, then the extra ones
 LOSSY_MIN_GAIN = "lossy_min_gain"
 WARM_START = "warm_start"
+STRATEGY = "strategy"  # autotune.strategy.STRATEGIES
+STOPPED = "stopped"  # why the strategy stopped before the budget was used
+DRAFT_TRACE = "draft_trace"  # {"argmax": request id -> the draft's teacher-forced choices} or {"failure": ...}
 
 
 def role(t: Any) -> str | None:
@@ -67,6 +74,10 @@ def verdict(t: Any) -> dict[str, Any]:
 
 def failure(t: Any) -> str | None:
     return t.user_attrs.get(FAILURE)
+
+
+def predicted(t: Any) -> dict[str, Any]:
+    return t.user_attrs.get(PREDICTED) or {}
 
 
 def is_duplicate(t: Any) -> bool:

@@ -42,6 +42,13 @@ class Turns(str, Enum):
     all = "all"
 
 
+class Strategy(str, Enum):
+    predict = "predict"
+    grid = "grid"
+    tpe = "tpe"
+    random = "random"
+
+
 class ExportFormat(str, Enum):
     command = "command"
     yaml = "yaml"
@@ -160,7 +167,12 @@ def search(
     turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
     drop_too_long: Annotated[bool, typer.Option(help="Leave out requests whose prompt + max_tokens exceed the "
                                                      "model's context (default: refuse them, exit 2).")] = False,
-    trials: Annotated[int, typer.Option(min=1, help="Trials to finish, the baseline included.")] = 8,
+    trials: Annotated[int, typer.Option(min=1, help="Trials to finish at most, the baseline included.")] = 8,
+    strategy: Annotated[str, typer.Option(help="How candidates are chosen: predict (forecast every candidate from "
+                                               "the baseline's tokens and the step costs measured so far, measure "
+                                               "what can win, stop when nothing can beat the best by more than "
+                                               "the noise), grid (the space in order), tpe or random (Optuna's "
+                                               "samplers).")] = "predict",
     study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
                                                    envvar="AUTOTUNE_STORAGE")] = None,
@@ -226,6 +238,7 @@ def search(
     opts = SearchOptions(workload=workload, model=model, draft_model=draft_model, eagle_head=eagle_head,
                          eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
                          turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
+                         strategy=_choice(Strategy, strategy, "--strategy").value,
                          study=study, storage=storage, results=results, objectives=objectives,
                          concurrency=concurrency, load=load, repeats=repeats, max_repeats=max_repeats, slo=slo,
                          warmup=warmup, trial_timeout=trial_timeout, max_model_len=max_model_len, dtype=dtype,
@@ -373,6 +386,30 @@ def confirm(
     say.print(served_line(load_report(folder)), highlight=False, markup=False, soft_wrap=True)
     say.print(f"results: {folder}/confirm/ (server logs and vllm bench serve JSON per round); best.json updated",
               highlight=False)
+
+
+@app.command(epilog="Examples:\n\n  autotune predict results/json_edit\n\n"
+             "  autotune predict results/json_edit --top 0 --json")
+def predict(
+    results: Annotated[Path, typer.Argument(help="A results folder from `autotune search` (a study with its baseline; "
+                                                 "it may still be running).")],
+    study: Annotated[Optional[str], typer.Option(help="Study name. Default: the folder's name.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: RESULTS/study.db.",
+                                                   envvar="AUTOTUNE_STORAGE")] = None,
+    space: Annotated[Optional[str], typer.Option(help="Forecast this space instead of the study's own.")] = None,
+    top: Annotated[int, typer.Option(min=0, help="Rows to show, best forecast first (0: all).")] = 20,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+) -> None:
+    """Forecast every candidate of the study's space: acceptance replayed from the baseline's tokens,
+    step cost calibrated on the trials measured so far. No engine runs."""
+    from autotune.strategy import forecast_table
+    from autotune.present import prediction_table
+
+    rows, title = forecast_table(results, study=study, storage=storage, space=space)
+    if json_out:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    console.print(prediction_table(rows[:top] if top else rows, title))
 
 
 @app.command(epilog="Examples:\n\n  autotune check results/nightly --against deployed/ --tolerance 5%\n\n"

@@ -124,6 +124,9 @@ def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+PREDICTED_COLUMNS = ("speedup", "lo", "hi", "step_cost", "tokens_per_step", "mean_accepted_length", "basis")
+
+
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per measured or failed trial: params, metrics, verdict, failure reason, speedup."""
     base = baseline_trial(study)
@@ -146,6 +149,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["acceptance_by_pos"] = " ".join(f"{x:.3f}" for x in m.get("acceptance_by_pos", []))
         if m and base_m:
             row.update({f"speedup_{k}": val for k, val in speedup(m, base_m).items()})
+        pred = ua.get(attrs.PREDICTED) or {}  # what the forecast said before this trial ran
+        row.update({f"predicted_{k}": pred.get(k) for k in PREDICTED_COLUMNS})
+        row["planned"] = ua.get(attrs.PLANNED)
         row["correct"] = v.get("passed")
         row["status"] = v.get("status", "ok" if v.get("passed") else ("failed" if v else None))  # ok, failed, unverified
         row["token_agreement"] = v.get("token_agreement")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -116,6 +117,10 @@ def category_table(entry: dict[str, Any]) -> Table:
 def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
     """The end of `autotune search`: the front, the pick by category, the pick and where it all is."""
     say.print(pareto_table(report))
+    stopped = (report.get("strategy") or {}).get("stopped")
+    if stopped:
+        say.print(f"{report['strategy']['name']}: stopped after {report['trials']['finished']} trials: {escape(stopped)}",
+                  highlight=False, soft_wrap=True)
     if (report.get("best") or {}).get("speedup_by_category"):
         say.print(category_table(report["best"]))
     if report.get("best"):
@@ -168,3 +173,24 @@ def categories_table(info: dict[str, Any]) -> Table:
     return t
 
 
+
+
+def prediction_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """`autotune predict`: forecast beside measured, best forecast first."""
+    t = Table(title=title)
+    for col, just in (("config", "left"), ("predicted", "right"), ("tokens/step", "right"), ("step cost", "right"),
+                      ("measured", "right"), ("basis", "left")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in rows:
+        pred = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x [{r['lo']:.2f}-{r['hi']:.2f}]"
+        tps = "-" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.2f}"
+        cost = "-" if r["step_cost"] is None else f"{r['step_cost']:.2f}"
+        if r["failed"]:
+            meas = "[red]failed[/red]"
+        elif r["measured"] is None:
+            meas = ""
+        else:
+            meas = f"{r['measured']:.2f}x [{r['measured_lo']:.2f}-{r['measured_hi']:.2f}]" + \
+                ("" if r["correct"] else " [red]incorrect[/red]")
+        t.add_row(escape(r["label"]), pred, tps, cost, meas, escape(r["basis"]))
+    return t

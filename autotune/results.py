@@ -46,7 +46,8 @@ def _entry(t: Any, base: Any, settings: Any) -> dict[str, Any]:
     base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
     e = {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
          "engine_kwargs": cand.engine_kwargs(settings), "measurement": m, "verdict": t.user_attrs[attrs.VERDICT],
-         "speedup": speedup(m, base_m) if base_m else None}
+         "speedup": speedup(m, base_m) if base_m else None, "predicted": t.user_attrs.get(attrs.PREDICTED),
+         "planned": t.user_attrs.get(attrs.PLANNED)}
     if "by_category" in m and base_m:  # which kinds of request gain, which lose
         e["speedup_by_category"] = category_speedup(m["by_category"], base_m.get("by_category", {}))
     return e
@@ -87,6 +88,10 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         "deployed": _entry(deployed, base, settings) if deployed else None,
         "lossless_first": _lossless_first(choice),
         "warm_start": ua.get(attrs.WARM_START),
+        # How candidates were chosen, and why the strategy stopped before the budget (if it did).
+        "strategy": {"name": ua.get(attrs.STRATEGY), "stopped": ua.get(attrs.STOPPED),
+                     "draft_trace": {k: v for k, v in (ua.get(attrs.DRAFT_TRACE) or {}).items() if k != "argmax"}
+                     or None},
     }
     return _clean(report)
 

@@ -18,7 +18,7 @@ and the dropped choices are reported, never silently merged with another config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,6 +53,16 @@ class Param:
     def active(self, chosen: dict[str, Any]) -> bool:
         return all(chosen.get(k) in v for k, v in self.when.items())
 
+    def values(self) -> tuple[Any, ...]:
+        """Every value a grid visits: the choices, the ints by step, a float range's ends and middle."""
+        if self.choices is not None:
+            return self.choices
+        if self.int_range is not None:
+            return tuple(range(self.int_range[0], self.int_range[1] + 1, int(self.step or 1)))
+        assert self.float_range is not None
+        lo, hi = self.float_range
+        return (lo, (lo + hi) / 2, hi) if hi > lo else (lo,)
+
     def suggest(self, trial: Suggester) -> Any:
         if self.choices is not None:
             return trial.suggest_categorical(self.name, list(self.choices))
@@ -70,6 +80,7 @@ class SearchSpace:
     params: tuple[Param, ...]
     baseline: dict[str, Any]
     dropped: tuple[str, ...] = ()  # human-readable notes on what the platform/models ruled out
+    resolved: dict[str, Any] = field(default_factory=dict)  # source, platform, tags, models: to load it again
 
     def suggest(self, trial: Suggester) -> Candidate:
         chosen: dict[str, Any] = {}
@@ -77,6 +88,18 @@ class SearchSpace:
             if p.active(chosen):
                 chosen[p.name] = p.suggest(trial)
         return Candidate(chosen)
+
+    def grid(self) -> list[Candidate]:
+        """Every point of the space, in declaration order (a condition's parent first): the grid
+        that ``--strategy grid`` walks and ``--strategy predict`` ranks."""
+        points: list[dict[str, Any]] = [{}]
+        for p in self.params:
+            points = [{**c, p.name: v} if p.active(c) else c for c in points
+                      for v in (p.values() if p.active(c) else (None,))]
+        seen: dict[str, Candidate] = {}
+        for c in map(Candidate, points):
+            seen.setdefault(c.key(), c)
+        return list(seen.values())
 
     def baseline_candidate(self) -> Candidate:
         return Candidate(dict(self.baseline))
@@ -190,7 +213,8 @@ def parse_space(data: Any, *, src: str, platform: str, models: set[str],
             raise _fail(src, f"baseline.{p.name}", f"a value of params.{p.name} (the baseline needs every knob set)",
                         baseline.get(p.name))
     return SearchSpace(name=str(data.get("name", Path(src).stem)), params=tuple(params),
-                       baseline=baseline, dropped=tuple(dropped))
+                       baseline=baseline, dropped=tuple(dropped),
+                       resolved={"source": src, "platform": platform, "tags": sorted(tags), "models": sorted(models)})
 
 
 # Package data (pyproject.toml), so an installed copy (wheel, pipx) has them too, not only a checkout.
@@ -200,6 +224,12 @@ SPACES_DIR = Path(__file__).resolve().parent / "search_spaces"
 def bundled_spaces() -> dict[str, Path]:
     """Spaces shipped in the package's ``autotune/search_spaces/``, by name."""
     return {f.stem: f for f in sorted(SPACES_DIR.glob("*.yaml"))}
+
+
+def reload_space(resolved: dict[str, Any]) -> SearchSpace:
+    """The space a study ran, from its ``resolved`` record (the same choices, on any machine)."""
+    return load_space(resolved["source"], platform=resolved["platform"], models=set(resolved["models"]),
+                      tags=set(resolved["tags"]))
 
 
 def load_space(name_or_path: str, *, platform: str, models: set[str], tags: set[str] | None = None) -> SearchSpace:
@@ -216,4 +246,6 @@ def load_space(name_or_path: str, *, platform: str, models: set[str], tags: set[
         raise BadInput(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     except UnicodeDecodeError:
         raise BadInput(f"{path}: not UTF-8 text; expected a YAML search space") from None
-    return parse_space(data, src=str(path), platform=platform, models=models, tags=tags)
+    sp = parse_space(data, src=str(path), platform=platform, models=models, tags=tags)
+    # A bundled space by its name (the package may live elsewhere next time), a file by its full path.
+    return replace(sp, resolved={**sp.resolved, "source": name_or_path if name_or_path in spaces else str(path.resolve())})

@@ -28,7 +28,9 @@ from autotune.errors import BadInput, StudyFailed
 from autotune.evaluate import Reference, evaluate, trial_job
 from autotune.objectives import validate_objectives
 from autotune.optuna_private import heartbeat, set_trial_attr, stale_trial_ids, storage_of, trial_id
+from autotune.forecast import Forecast
 from autotune.space import SearchSpace
+from autotune.strategy import forecast_for, needs_trace, plan, trace_draft
 from autotune.storage import dead_here, has_heartbeat, open_storage, worker_id
 from autotune.worker import TrialOutcome, run_trial
 from autotune.workload import Workload
@@ -37,8 +39,11 @@ __all__ = ["BASELINE", "DEPLOYED", "StudyConfig", "baseline_trial", "open_study"
            "trial_job"]
 
 
-def _sampler(seed: int) -> optuna.samplers.BaseSampler:
+def _sampler(seed: int, strategy: str = "tpe") -> optuna.samplers.BaseSampler:
     # Constraints are set on each trial (Trial.set_constraint); TPE and best_trials honour them.
+    # predict and grid queue their own candidates (enqueue_trial); TPE only fills what they leave.
+    if strategy == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=5)
 
 
@@ -66,12 +71,12 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
     storage = open_storage(cfg.storage_url)
     try:
         study = optuna.create_study(study_name=cfg.name, storage=storage, directions=directions,
-                                    sampler=_sampler(cfg.seed))
+                                    sampler=_sampler(cfg.seed, cfg.strategy))
     except optuna.exceptions.DuplicatedStudyError:
         # Made by an earlier run or by another worker. The same seed would replay the same random
         # configs (all duplicates now); a seed moved on by the trials so far stays reproducible.
         n = len(storage.get_all_trials(storage.get_study_id_from_name(cfg.name), deepcopy=False))
-        study = optuna.load_study(study_name=cfg.name, storage=storage, sampler=_sampler(cfg.seed + 1 + n))
+        study = optuna.load_study(study_name=cfg.name, storage=storage, sampler=_sampler(cfg.seed + 1 + n, cfg.strategy))
     saved = study.user_attrs.get(attrs.OBJECTIVES)
     if saved is not None and tuple(saved) != cfg.objectives:
         raise BadInput(f"--objectives: study {cfg.name!r} was created with {saved}, got {list(cfg.objectives)}")
@@ -151,10 +156,14 @@ def _describe(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: 
     """What the results files and reports read from the study itself."""
     study.set_user_attr(attrs.WORKLOAD, workload.path)
     study.set_user_attr(attrs.SPACE, space.name)
+    study.set_user_attr(attrs.SPACE_RESOLVED, space.resolved)
+    study.set_user_attr(attrs.MAX_MODEL_LEN, cfg.settings.max_model_len)  # what ngram replays cap drafts at
     study.set_user_attr(attrs.LOAD, cfg.load.label)
     study.set_user_attr(attrs.CONCURRENCY, cfg.load.concurrency if cfg.load.kind == "concurrency" else None)
     study.set_user_attr(attrs.LEVELS, [cfg.load.label, *(x.label for x in cfg.extra_loads)])
     study.set_user_attr(attrs.LOSSY_MIN_GAIN, cfg.lossy_min_gain)
+    study.set_user_attr(attrs.STRATEGY, cfg.strategy)
+    study.set_user_attr(attrs.STOPPED, None)  # a resumed study plans again
 
 
 def _enqueue(study: optuna.Study, space: SearchSpace, enqueue: list[dict[str, Any]],
@@ -220,6 +229,15 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         if base is None and any(t.user_attrs.get(attrs.ROLE) == BASELINE for t in running):
             time.sleep(1.0)  # another worker measures the reference; candidates are judged against it
             continue
+        if base is not None and not _waiting(study):
+            if needs_trace(space, cfg.settings):
+                trace_draft(study, space, cfg, env, cfg.results_dir)
+            step = plan(study, space, cfg.strategy, cfg.settings.max_model_len)
+            if step.stop:
+                study.set_user_attr(attrs.STOPPED, step.why)
+                return
+            if step.params is not None:
+                study.enqueue_trial(step.params, user_attrs={attrs.PLANNED: step.why})
         asks += 1
         trial = study.ask()
         trial.set_user_attr(attrs.WORKER, worker_id(thread))
@@ -239,10 +257,14 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             trial.set_user_attr(attrs.DUPLICATE_OF, dup)
             study.tell(trial, state=TrialState.PRUNED)
             continue
-        _run_one(study, trial, cand, workload, cfg, progress, is_base, env=env, stop=stop)
+        _run_one(study, trial, cand, workload, space, cfg, progress, is_base, env=env, stop=stop)
         if is_base and baseline_trial(study) is None:
             reason = _frozen(study, trial.number).user_attrs.get(attrs.FAILURE, "unknown")
             raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
+
+
+def _waiting(study: optuna.Study) -> bool:
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
 def _frozen(study: optuna.Study, number: int) -> FrozenTrial:
@@ -301,11 +323,14 @@ def _reference(study: optuna.Study) -> Reference:
 
 
 def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload: Workload,
-             cfg: StudyConfig, progress: Progress, is_base: bool, *, env: dict[str, str],
+             space: SearchSpace, cfg: StudyConfig, progress: Progress, is_base: bool, *, env: dict[str, str],
              stop: threading.Event | None) -> None:
     n = trial.number
     progress.trial_started(n, cand.label)
     reference = None if is_base else _reference(study)
+    forecast = None if is_base else forecast_for(study, space, cand.params, cfg.settings.max_model_len)
+    if forecast is not None:  # what the model expected, before the measurement can tell it
+        trial.set_user_attr(attrs.PREDICTED, forecast.to_dict())
     job = trial_job(cand, workload, cfg, reference)
     trial.set_user_attr(attrs.DEVICES, env)
     try:
@@ -318,7 +343,19 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
         raise
     trial.set_user_attr(attrs.WALL_S, round(outcome.wall_s, 2))
     summary = _record(study, trial, cand, outcome, job, cfg, reference)
+    if forecast is not None:
+        summary += "; " + _against(study, trial.number, forecast)
     progress.trial_finished(n, cand.label, summary)
+
+
+def _against(study: optuna.Study, number: int, forecast: Forecast) -> str:
+    """Predicted beside measured, in one line."""
+    t, base = _frozen(study, number), baseline_trial(study)
+    said = (f"predicted {forecast.speedup:.2f}x [{forecast.lo:.2f}-{forecast.hi:.2f}]" if forecast.speedup is not None
+            else "no prediction")
+    if t.state != TrialState.COMPLETE or not attrs.measurement(base).get("output_tok_s"):
+        return said
+    return f"{said}, measured {attrs.measurement(t)['output_tok_s'] / attrs.measurement(base)['output_tok_s']:.2f}x"
 
 
 def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: TrialOutcome,

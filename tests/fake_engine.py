@@ -27,6 +27,9 @@ from autotune.engine import converse
 def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     kw = job["engine_kwargs"]
     phase("engine", {})
+    if "trace" in job:  # a draft trace: a draft that predicts every next token but each fifth
+        return {"traces": {rid: [tok if (i + 1) % 5 else -1 for i, tok in enumerate(t["output"][1:] + [0])]
+                           for rid, t in job["trace"].items()}, "vllm_version": "fake"}
     time.sleep(float(os.environ.get("AUTOTUNE_FAKE_DELAY_S", "0")))
     q = kw.get("quantization")
     if q == "crash":
@@ -65,7 +68,7 @@ def _window(job: dict[str, Any], burst: int, drift: bool, phase: Any, step: floa
             chunks.append([t, min(b, n - j)])
         return {"id": req["id"], "start": start, "end": t, "chunks": chunks, "token_ids": tokens,
                 "text": " ".join(map(str, tokens)), "finish_reason": "length", "error": None,
-                "prompt_tokens": prompt_chars}
+                "prompt_tokens": prompt_chars, "prompt_token_ids": [100 + i, 101 + i, 102]}
 
     async def turn(i: int, sub: dict[str, Any], messages: list[dict[str, str]]) -> dict[str, Any]:
         # The prompt of a later turn holds the earlier answers: its length (and so its tokens) shows it.

@@ -75,11 +75,12 @@ def test_duplicates_are_not_measured_twice_and_resume_continues(tmp_path, fake_e
                     "  num_speculative_tokens: {int: [2, 2], when: {method: [ngram]}}\n")
     space = load_space(str(tiny), platform="cpu", models=set())
     wl = load_workload("examples/smoke.jsonl")
-    study = run_study(cfg(tmp_path, n_trials=1), wl, space)
+    # tpe: the sampler asks blindly, so it draws the same config again (predict and grid never do).
+    study = run_study(cfg(tmp_path, n_trials=1, strategy="tpe"), wl, space)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE]
     with pytest.raises(BadInput, match="pass --resume"):
-        run_study(cfg(tmp_path, n_trials=1), wl, space)
-    study = run_study(cfg(tmp_path, n_trials=3), wl, space, resume=True)
+        run_study(cfg(tmp_path, n_trials=1, strategy="tpe"), wl, space)
+    study = run_study(cfg(tmp_path, n_trials=3, strategy="tpe"), wl, space, resume=True)
     finished = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
     pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
     # Two distinct configs exist: each measured once, every other ask recorded as a duplicate.

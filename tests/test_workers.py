@@ -33,7 +33,8 @@ SPACE = str(TESTS / "data" / "fake_space_ok.yaml")
 
 def _cfg(tmp_path, **kw):
     base = dict(name="shared", results_dir=tmp_path / "shared", settings=Settings(model="fake-model"),
-                n_trials=6, trial_timeout_s=60, engine_module="fake_engine")
+                n_trials=6, trial_timeout_s=60, engine_module="fake_engine",
+                strategy="tpe")  # the budget used in full: predict would stop once nothing can win
     base.update(kw)
     return StudyConfig(**base)
 

@@ -1,0 +1,269 @@
+"""How the study chooses what to measure next: ``predict`` (the default), ``grid``, ``tpe``, ``random``.
+
+``predict``: after the baseline (and one teacher-forced pass of the draft over its outputs), every
+point of the space has a forecast (autotune.forecast). The study measures the best-forecast
+candidate of each method first, recalibrates after every trial, then the candidate with the best
+optimistic forecast (the top of its interval) while that beats the best measured speedup by more
+than the measured noise, and then the knobs no replay sees (KV dtype, dtype, quantization, eager)
+one at a time around the best measured config; then it stops, whatever budget is left.
+``grid`` walks the space in declaration order; ``tpe`` and ``random`` are Optuna's samplers.
+Every measured candidate is an Optuna trial: the planned ones are queued with ``enqueue_trial``.
+
+``next_predicted`` and ``next_in_grid`` are pure (the benchmark replays them on a measured table);
+``plan`` reads them off a live study.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune import attrs
+from autotune.candidate import Candidate
+from autotune.forecast import REPLAYED, SHAPE, AcceptanceTable, Forecast, Model, Observation, knobs
+
+STRATEGIES = ("predict", "grid", "tpe", "random")
+NOISE_MIN = 0.02  # never chase a forecast gain under 2%, however tight the best's interval
+
+
+@dataclass(frozen=True)
+class Step:
+    """The strategy's answer: measure ``params`` next, or stop (``stop``), or let the sampler ask."""
+
+    params: dict[str, Any] | None
+    why: str
+    stop: bool = False
+
+
+ASK = Step(None, "the sampler's choice")
+
+
+def next_in_grid(grid: Sequence[Candidate], tried: set[str]) -> Step:
+    for c in grid:
+        if c.key() not in tried:
+            return Step(dict(c.params), "next in the grid")
+    return Step(None, "every point of the space is measured", stop=True)
+
+
+def _bad_knobs(observations: Sequence[Observation], failed: Sequence[Mapping[str, Any]],
+               baseline: Mapping[str, Any]) -> set[tuple[str, Any]]:
+    """Knob values seen only in failed or incorrect trials: not tried again in other combinations."""
+    good = {kv for o in observations if o.feasible for kv in knobs(o.params, baseline).items()}
+    seen = {kv for o in observations if not o.feasible for kv in knobs(o.params, baseline).items()}
+    seen |= {kv for p in failed for kv in knobs(p, baseline).items()}
+    return seen - good
+
+
+def next_predicted(grid: Sequence[Candidate], model: Model, observations: Sequence[Observation],
+                   failed: Sequence[Mapping[str, Any]] = (), busy: Sequence[Mapping[str, Any]] = ()) -> Step:
+    """The next candidate to measure under ``predict``, or the reason to stop.
+
+    ``observations``: measured candidates (the baseline among them, speedup 1); ``failed``: the
+    parameters of trials that failed; ``busy``: those being measured now (other workers).
+    """
+    base = model.baseline
+    tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy]}
+    bad = _bad_knobs(observations, failed, base)
+    open_ = [c for c in grid if c.key() not in tried and not set(knobs(c.params, base).items()) & bad]
+    forecasts = {c.key(): model.forecast(c.params) for c in open_}
+    started = {p.get("method", "none") for p in [*(o.params for o in observations), *failed, *busy]}
+    # 1. The best-forecast candidate of each method not yet measured, best method first; a method no
+    #    replay covers at the middle of its depths.
+    firsts: list[tuple[float, Forecast]] = []
+    for method in dict.fromkeys(c.method for c in open_):
+        if method in started:
+            continue
+        mine = [forecasts[c.key()] for c in open_ if c.method == method and not knobs(c.params, base)]
+        scored = [f for f in mine if f.speedup is not None]
+        if scored:
+            top = max(scored, key=lambda f: f.speedup)
+            firsts.append((top.speedup, top))
+        elif mine:
+            firsts.append((0.0, mine[len(mine) // 2]))
+    if firsts:
+        f = max(firsts, key=lambda x: x[0])[1]
+        return Step(f.params, f"first {f.params.get('method')} candidate: " + _predicted(f))
+    feasible = [o for o in observations if o.feasible]
+    if not feasible:
+        return Step(None, "no correct candidate measured, not even the baseline", stop=True)
+    best = max(feasible, key=lambda o: o.speedup)
+    noise = max(NOISE_MIN, best.rel_sd)
+    bar = best.speedup * (1 + noise)
+    # 2. The best optimistic forecast among candidates whose every knob value has been measured.
+    ready = [f for f in forecasts.values()
+             if f.hi is not None and all(model.known(kv) for kv in knobs(f.params, base).items())]
+    top = max(ready, key=lambda f: f.hi, default=None)
+    if top is not None and top.hi > bar:
+        return Step(top.params, _predicted(top) + f"; could beat the best measured {best.speedup:.2f}x")
+    # 3. Each unmeasured knob value, one at a time around the best measured config.
+    for c in open_:
+        moved = knobs(c.params, best.params)
+        same_shape = all(c.params.get(k) == best.params.get(k) for k in SHAPE) and c.params.keys() == best.params.keys()
+        (k, v), = moved.items() if len(moved) == 1 else ((None, None),)
+        if same_shape and k is not None and base.get(k) != v and not model.known((k, v)):
+            return Step(c.params, f"{k}={v} not measured yet: tried on the best so far ({Candidate(best.params).label})")
+    top_text = f"{top.label} at most {top.hi:.2f}x" if top is not None else "none left"
+    return Step(None, f"no unmeasured candidate can beat the best measured ({Candidate(best.params).label}, "
+                      f"{best.speedup:.2f}x) by more than the noise ({noise:.0%}): {top_text}", stop=True)
+
+
+def _predicted(f: Forecast) -> str:
+    if f.speedup is None:
+        return f"no prediction ({f.basis})"
+    return f"predicted {f.speedup:.2f}x [{f.lo:.2f}-{f.hi:.2f}]"
+
+
+# --- a live study ---------------------------------------------------------------------------
+
+_tables: dict[tuple[str, int, bool], AcceptanceTable] = {}
+_lock = threading.Lock()
+
+
+def study_model(study: Any, space: Any, max_model_len: int | None) -> tuple[Model, list[Observation],
+                                                                            list[dict[str, Any]]] | None:
+    """The calibrated model of a study with a baseline, its observations and its failed candidates."""
+    from optuna.trial import TrialState
+
+    from autotune.metrics import ratio_interval
+    from autotune.pareto import feasible
+    from autotune.study import baseline_trial
+
+    base = baseline_trial(study)
+    if base is None:
+        return None
+    trace = study.user_attrs.get(attrs.DRAFT_TRACE) or {}
+    key = (study.study_name, base.number, bool(trace.get("argmax")))
+    with _lock:
+        if key not in _tables:
+            _tables[key] = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"),
+                                           max_model_len or 1 << 30)
+        table = _tables[key]
+    bm = attrs.measurement(base)
+    observations, failed = [Observation(attrs.candidate(base), 1.0, 1.0, 1.0)], []
+    for t in study.get_trials(deepcopy=False):
+        if t.number == base.number or attrs.is_duplicate(t) or attrs.is_interrupted(t) \
+                or attrs.role(t) == attrs.EXTRA_BASELINE:
+            continue
+        if t.state == TrialState.FAIL:
+            failed.append(attrs.candidate(t))
+        elif t.state == TrialState.COMPLETE:
+            m = attrs.measurement(t)
+            s = m["output_tok_s"] / bm["output_tok_s"] if bm.get("output_tok_s") else float("nan")
+            lo, hi = ratio_interval(m.get("output_tok_s_windows", []), bm.get("output_tok_s_windows", []))
+            if math.isfinite(s):
+                observations.append(Observation(attrs.candidate(t), s, lo, hi, feasible(t)))
+    share = bm.get("ttft_ms_mean", 0.0) / bm["e2e_ms_mean"] if bm.get("e2e_ms_mean") else 0.0
+    return Model(table, observations, attrs.candidate(base), share), observations, failed
+
+
+def plan(study: Any, space: Any, strategy: str, max_model_len: int | None) -> Step:
+    """The strategy's next step for a live study (after its baseline)."""
+    from optuna.trial import TrialState
+
+    if strategy not in ("predict", "grid"):
+        return ASK
+    busy = [attrs.candidate(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+    got = study_model(study, space, max_model_len)
+    if got is None:
+        return ASK
+    model, observations, failed = got
+    if strategy == "grid":
+        tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy]}
+        return next_in_grid(space.grid(), tried)
+    return next_predicted(space.grid(), model, observations, failed, busy)
+
+
+def forecast_for(study: Any, space: Any, params: Mapping[str, Any], max_model_len: int | None) -> Forecast | None:
+    got = study_model(study, space, max_model_len)
+    return None if got is None else got[0].forecast(params)
+
+
+def needs_trace(space: Any, settings: Any) -> bool:
+    methods = next((p.choices for p in space.params if p.name == "method"), ())
+    return "draft_model" in methods and bool(settings.draft_model) and "draft_model" in REPLAYED
+
+
+def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_dir: Path) -> None:
+    """One teacher-forced pass of the draft over the baseline's outputs (a worker job), kept in the
+    study (``draft_trace``) so every forecast of a draft depth reads it; a failure is kept too."""
+    from autotune.predict import trace_job
+    from autotune.study import baseline_trial
+    from autotune.worker import run_trial
+
+    with _lock:
+        if attrs.DRAFT_TRACE in study.user_attrs:
+            return
+        base = baseline_trial(study)
+        kwargs = {**space.baseline_candidate().engine_kwargs(cfg.settings), "model": cfg.settings.draft_model,
+                  "enforce_eager": True}  # eager: the trace is one prefill per request, no compile wanted
+        kwargs.pop("kv_cache_dtype", None)
+        job = trace_job(kwargs, base.user_attrs.get(attrs.OUTPUTS, []), cfg.engine_module)
+        out = run_trial(job, results_dir / "draft-trace", timeout_s=cfg.trial_timeout_s, env=env)
+        study.set_user_attr(attrs.DRAFT_TRACE, {"argmax": out.raw["traces"], "wall_s": round(out.wall_s, 1)}
+                            if out.raw is not None else {"failure": out.failure, "wall_s": round(out.wall_s, 1)})
+
+
+def ranked(study: Any, space: Any, max_model_len: int | None) -> list[dict[str, Any]]:
+    """Every point of the space, forecast by the study's calibrated model, best first, each with what
+    it measured (if it was measured): `autotune predict`."""
+    got = study_model(study, space, max_model_len)
+    if got is None:
+        return []
+    model, observations, failed = got
+    measured = {Candidate(o.params).key(): o for o in observations}
+    bad = {Candidate(p).key() for p in failed}
+    rows = []
+    for c in space.grid():
+        f, o = model.forecast(c.params), measured.get(c.key())
+        rows.append({"label": c.label, "params": c.params, **f.to_dict(),
+                     "measured": None if o is None else o.speedup, "measured_lo": None if o is None else o.lo,
+                     "measured_hi": None if o is None else o.hi, "correct": None if o is None else o.feasible,
+                     "failed": c.key() in bad})
+    return sorted(rows, key=lambda r: -(r["speedup"] if r["speedup"] is not None else -1.0))
+
+
+def forecast_table(results: Path, *, study: str | None = None, storage: str | None = None,
+                   space: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """`autotune predict`: the ranked forecast of a saved study (and a title), without an engine."""
+    import optuna
+
+    from autotune import hardware
+    from autotune.errors import BadInput
+    from autotune.space import load_space, reload_space
+    from autotune.storage import open_storage
+
+    name = study or results.name
+    if storage is None:
+        db = results / "study.db"
+        if not db.is_file():
+            raise BadInput(f"{db}: no such study storage (expected a results folder from `autotune search`, "
+                           "or pass --storage)")
+        storage = f"sqlite:///{db.resolve()}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats (RDB)
+    try:
+        st = optuna.load_study(study_name=name, storage=open_storage(storage))
+    except KeyError:
+        raise BadInput(f"--study: no study {name!r} in {storage}") from None
+    resolved = st.user_attrs.get(attrs.SPACE_RESOLVED)
+    if space is not None:
+        platform = hardware.detect()
+        sp = load_space(space, platform=platform, models=set((resolved or {}).get("models", ["draft_model"])),
+                        tags=hardware.platform_tags(platform))
+    elif resolved:
+        sp = reload_space(resolved)
+    else:
+        raise BadInput(f"{results}: the study does not record its search space; pass --space")
+    rows = ranked(st, sp, st.user_attrs.get(attrs.MAX_MODEL_LEN))
+    if not rows:
+        raise BadInput(f"{results}: study {name!r} has no completed baseline yet: nothing to forecast from")
+    trace = st.user_attrs.get(attrs.DRAFT_TRACE) or {}
+    measured = sum(r["measured"] is not None for r in rows)
+    title = (f"{name}: {len(rows)} candidates of space '{sp.name}', forecast from the baseline's tokens"
+             + (", the draft's trace" if trace.get("argmax") else "") + f" and {measured} measured")
+    return rows, title

@@ -1,0 +1,221 @@
+"""Predict, then measure: the step-cost model (autotune.forecast) and the strategies (autotune.strategy).
+
+Pure tests on hand-built token streams and a synthetic "true" cost law, then the predict strategy
+end to end on the FAKE engine (tests/fake_engine.py) through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from autotune.candidate import Candidate
+from autotune.cli import app
+from autotune.forecast import AcceptanceTable, Model, Observation, fit_step_cost, speedup_of, step_cost_of
+from autotune.space import parse_space
+from autotune.strategy import next_in_grid, next_predicted
+
+SPACE = {"baseline": {"method": "none", "kv_cache_dtype": "auto"},
+         "params": {"method": {"choices": ["none", "ngram", "draft_model"]},
+                    "num_speculative_tokens": {"int": [1, 6], "when": {"method": ["ngram", "draft_model"]}},
+                    "prompt_lookup_max": {"int": [2, 4], "when": {"method": ["ngram"]}},
+                    "prompt_lookup_min": {"int": [2, 2], "when": {"method": ["ngram"]}},
+                    "kv_cache_dtype": {"choices": ["auto", "fp8"]}}}
+BASE = {"method": "none", "kv_cache_dtype": "auto"}
+
+
+def _space(data=SPACE):
+    return parse_space(data, src="test", platform="cpu", models={"draft_model"})
+
+
+def _outputs(n: int = 12, seed: int = 0) -> tuple[list[dict], dict[str, list[int]]]:
+    """Requests that copy most of their prompt back (as an edit does), and a draft trace that gets
+    ~70% of the next tokens right."""
+    rng = random.Random(seed)
+    outputs, argmax = [], {}
+    for i in range(n):
+        prompt = [rng.randrange(200) for _ in range(40)]
+        out = prompt[5:30] + [rng.randrange(200) for _ in range(4)] + prompt[30:38]
+        outputs.append({"id": f"r{i}", "prompt_token_ids": prompt, "token_ids": out})
+        argmax[f"r{i}"] = [tok if rng.random() < 0.7 else -1 for tok in out[1:]] + [0]
+    return outputs, argmax
+
+
+# The machine's "true" step costs r = 1 + a + b*k, and the fp8 KV factor on the speedup.
+TRUE = {"ngram": (0.25, 0.03), "draft_model": (0.3, 0.22)}
+FP8 = 0.93
+SHARE = 0.1
+
+
+def _true_speedup(table: AcceptanceTable, params: dict) -> float:
+    if params["method"] == "none":
+        s = 1.0
+    else:
+        a, b = TRUE[params["method"]]
+        s = speedup_of(1 + a + b * params["num_speculative_tokens"], table.get(params).tokens_per_step, SHARE)
+    return s * (FP8 if params.get("kv_cache_dtype") == "fp8" else 1.0)
+
+
+def _measure(table, params, rng, noise=0.01):
+    s = _true_speedup(table, params) * (1 + rng.gauss(0, noise))
+    return Observation(dict(params), s, s * 0.98, s * 1.02)
+
+
+def test_step_cost_fit_recovers_a_cost_law_and_keeps_the_prior_without_data():
+    fit = fit_step_cost("ngram", [(k, 1.2 + 0.05 * k, 0.01) for k in (1, 3, 5)])
+    assert fit.at(4)[0] == pytest.approx(1.4, abs=0.01) and fit.at(4)[1] < 0.02
+    prior = fit_step_cost("draft_model", [])
+    assert prior.points == 0 and prior.at(3)[1] > 0.5  # wide: one measured depth will dominate it
+    one = fit_step_cost("draft_model", [(3, 1.9, 0.03)])
+    assert one.at(3)[0] == pytest.approx(1.9, abs=0.03)  # one point pins the depth it was measured at
+
+
+def test_speedup_and_step_cost_are_inverse():
+    for r, t, f in ((1.3, 2.5, 0.1), (2.0, 4.1, 0.0), (0.9, 1.0, 0.3)):
+        assert step_cost_of(speedup_of(r, t, f), t, f) == pytest.approx(r)
+    assert speedup_of(1.0, 1.0, 0.2) == pytest.approx(1.0)  # no gain when a step emits one token at equal cost
+
+
+def test_model_predicts_unmeasured_depths_and_knobs_from_a_few_trials():
+    outputs, argmax = _outputs()
+    table = AcceptanceTable(outputs, argmax, 4096)
+    rng = random.Random(0)
+    measured = [{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 2,
+                 "kv_cache_dtype": "auto"},
+                {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 2,
+                 "kv_cache_dtype": "auto"},
+                {"method": "draft_model", "num_speculative_tokens": 3, "kv_cache_dtype": "auto"},
+                {"method": "draft_model", "num_speculative_tokens": 3, "kv_cache_dtype": "fp8"}]
+    obs = [Observation(BASE, 1, 1, 1)] + [_measure(table, p, rng) for p in measured]
+    model = Model(table, obs, BASE, SHARE)
+    for c in _space().grid():
+        f = model.forecast(c.params)
+        truth = _true_speedup(table, c.params)
+        assert f.lo <= truth <= f.hi, (c.label, f.lo, truth, f.hi)
+        if c.method == "ngram" and c.params["kv_cache_dtype"] == "auto":
+            assert f.speedup == pytest.approx(truth, rel=0.04), c.label
+    fp8 = model.forecast({"method": "draft_model", "num_speculative_tokens": 5, "kv_cache_dtype": "fp8"})
+    assert "kv_cache_dtype=fp8 x0.9" in fp8.basis
+
+
+def _run_predict(table, grid, rng, budget=30, fail=()):
+    """The predict strategy against the synthetic truth: returns the measured order and the stop reason."""
+    obs, failed, order = [Observation(BASE, 1, 1, 1)], [], []
+    for _ in range(budget):
+        step = next_predicted(grid, Model(table, obs, BASE, SHARE), obs, failed)
+        if step.stop:
+            return order, step.why
+        order.append(Candidate(step.params).label)
+        if any(all(step.params.get(k) == v for k, v in f.items()) for f in fail):
+            failed.append(step.params)
+        else:
+            obs.append(_measure(table, step.params, rng))
+    return order, None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_predict_finds_the_best_in_a_few_trials_and_stops(seed):
+    outputs, argmax = _outputs(seed=seed)
+    table = AcceptanceTable(outputs, argmax, 4096)
+    grid = _space().grid()
+    best = max(grid, key=lambda c: _true_speedup(table, c.params))
+    order, why = _run_predict(table, grid, random.Random(seed))
+    assert why is not None and "by more than the noise" in why, order
+    found = [i for i, label in enumerate(order) if _true_speedup(table, next(
+        c.params for c in grid if c.label == label)) >= 0.98 * _true_speedup(table, best.params)]
+    assert found and found[0] < 4, (order, best.label)
+    assert len(order) < len(grid) / 3  # it stopped long before the grid would have
+
+
+def test_predict_measures_each_method_first_then_a_knob_and_drops_a_failing_knob():
+    outputs, argmax = _outputs()
+    table = AcceptanceTable(outputs, argmax, 4096)
+    grid = _space().grid()
+    order, why = _run_predict(table, grid, random.Random(0), fail=[{"kv_cache_dtype": "fp8"}])
+    methods = [label.split()[0] for label in order]
+    assert set(methods[:2]) == {"ngram", "draft_model"}  # the best forecast of each method first
+    fp8 = [label for label in order if "kv=fp8" in label]
+    assert len(fp8) == 1  # tried once around the best; failed there, never again
+    assert why is not None
+
+
+def test_a_method_no_replay_covers_is_measured_once_without_a_prediction():
+    data = json.loads(json.dumps(SPACE))
+    data["params"]["method"]["choices"] = ["none", "ngram", "suffix"]
+    data["params"]["num_speculative_tokens"]["when"] = {"method": ["ngram", "suffix"]}
+    grid = _space(data).grid()
+    outputs, _ = _outputs()
+    table = AcceptanceTable(outputs, None, 4096)
+    obs = [Observation(BASE, 1, 1, 1)]
+    steps = []
+    for _ in range(3):
+        step = next_predicted(grid, Model(table, obs, BASE, SHARE), obs)
+        steps.append(step)
+        obs.append(Observation(step.params, 1.2, 1.15, 1.25))
+    assert steps[0].params["method"] == "ngram" and steps[1].params["method"] == "suffix"
+    assert "no prediction" in steps[1].why
+    assert Model(table, obs, BASE, SHARE).forecast(steps[1].params).speedup is None
+
+
+def test_grid_walks_the_space_in_order_and_stops_when_done():
+    grid = _space().grid()
+    tried = set()
+    for c in grid:
+        step = next_in_grid(grid, tried)
+        assert step.params == c.params
+        tried.add(c.key())
+    assert next_in_grid(grid, tried).stop
+
+
+def test_grid_enumerates_conditional_parameters():
+    grid = _space().grid()
+    # 2 (none x kv) + 6 k x 3 lookup x 2 kv (ngram) + 6 k x 2 kv (draft)
+    assert len(grid) == 2 + 36 + 12 and len({c.key() for c in grid}) == len(grid)
+    assert all("prompt_lookup_max" not in c.params for c in grid if c.method != "ngram")
+
+
+# --- the predict strategy on the FAKE engine, through the CLI ---------------------------------
+
+runner = CliRunner()
+
+
+def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_path, monkeypatch, fake_engine_env):
+    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "quick", "--trials", "30", "--model",
+                            "fake-model", "--draft-model", "fake-draft", "--results", str(tmp_path), "--samples", "0",
+                            "--repeats", "1", "--study", "p"])
+    assert r.exit_code == 0, r.output
+    frame = pd.read_csv(tmp_path / "p" / "trials.csv")
+    assert 3 <= len(frame) < 26  # stopped well before the 26-point grid, with budget left
+    cands = frame[frame["role"] != "baseline"]
+    assert cands["predicted_speedup"].notna().all() and cands["planned"].notna().all()
+    assert all("predicted " in ln and ", measured " in ln for ln in r.stdout.splitlines()
+               if ln.startswith("trial ") and not ln.startswith("trial   0"))
+    best = json.loads((tmp_path / "p" / "best.json").read_text())
+    assert best["strategy"]["name"] == "predict" and "by more than the noise" in best["strategy"]["stopped"]
+    assert best["strategy"]["draft_trace"]["wall_s"] >= 0 and best["best"]["predicted"]["speedup"] > 1
+    assert "predict: stopped after" in r.stdout
+    # autotune predict: the ranked forecast of the saved study, no engine.
+    r = runner.invoke(app, ["predict", str(tmp_path / "p"), "--json", "--top", "0"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    scored = [x["speedup"] for x in rows if x["speedup"] is not None]
+    assert len(rows) == 26 and scored == sorted(scored, reverse=True)
+    assert sum(x["measured"] is not None for x in rows) == len(frame)
+    r = runner.invoke(app, ["predict", str(tmp_path / "p"), "--top", "5"])
+    assert r.exit_code == 0 and "forecast from the baseline's tokens, the draft's trace" in r.stdout
+
+
+def test_predict_command_bad_input_is_one_line(tmp_path):
+    r = runner.invoke(app, ["predict", str(tmp_path / "none")])
+    assert r.exit_code == 2 and "no such study storage" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_strategy_flag_is_checked(tmp_path):
+    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--strategy", "bayes", "--results", str(tmp_path)])
+    assert r.exit_code == 2 and "--strategy: expected one of predict, grid, tpe, random" in r.output
