@@ -25,6 +25,7 @@ FAILURE = "failure"  # why a trial failed (one line)
 INTERRUPTED = "interrupted"  # cut short (Ctrl-C, a dead worker): not counted, measured again
 DUPLICATE_OF = "duplicate_of"  # the trial that already measured this candidate
 PREDICTED = "predicted"  # autotune.forecast.Forecast.to_dict(), made before the trial was measured
+REMEASURE_OF = "remeasure_of"  # a re-measurement on a fresh engine: the trial it pools windows with
 PLANNED = "planned"  # why the strategy chose this candidate (predict, grid)
 # The baseline's reference for judging candidates.
 OUTPUTS = "outputs"
@@ -34,6 +35,7 @@ SCORES = "scores"
 # Roles.
 BASELINE = "baseline"
 DEPLOYED = "deployed"  # the warm start's pick, re-measured in this run so `check` compares side by side
+REMEASURE = "re-measure"  # the pick or the baseline again, on a fresh engine; its record pools both
 EXTRA_BASELINE = "extra baseline"  # a baseline queued twice (two workers started at once)
 
 # Study attributes.

@@ -173,6 +173,10 @@ def search(
                                                "what can win, stop when nothing can beat the best by more than "
                                                "the noise), grid (the space in order), tpe or random (Optuna's "
                                                "samplers).")] = "predict",
+    remeasure: Annotated[bool, typer.Option("--remeasure/--no-remeasure", help="Then measure the pick and the "
+                                            "baseline once more, each on a fresh engine, and pool the windows, so "
+                                            "the pick's interval includes the spread between engine instances "
+                                            "(two trials on top of --trials).")] = True,
     study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
                                                    envvar="AUTOTUNE_STORAGE")] = None,
@@ -238,7 +242,7 @@ def search(
     opts = SearchOptions(workload=workload, model=model, draft_model=draft_model, eagle_head=eagle_head,
                          eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
                          turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
-                         strategy=_choice(Strategy, strategy, "--strategy").value,
+                         strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure,
                          study=study, storage=storage, results=results, objectives=objectives,
                          concurrency=concurrency, load=load, repeats=repeats, max_repeats=max_repeats, slo=slo,
                          warmup=warmup, trial_timeout=trial_timeout, max_model_len=max_model_len, dtype=dtype,

@@ -132,6 +132,27 @@ def measure_run(raw: RawRun | dict[str, Any]) -> Measurement:
     return m
 
 
+def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """One candidate measured on two engine instances, as one measurement: every per-window series
+    joined (``metric_windows``, ``metric_windows@level``), and each metric that has one re-derived as
+    the median (and MAD) of the joined windows. Intervals from it include the spread between
+    instances, which on a shared machine is wider than the spread between windows of one engine."""
+    m = dict(first)
+    for key, values in first.items():
+        if "_windows" not in key or not isinstance(values, list) or not isinstance(again.get(key), list):
+            continue
+        joined = [float(v) for v in values + again[key]]
+        metric, _, level = key.partition("_windows")
+        arr = np.asarray(joined)
+        m[key] = joined
+        m[metric + level] = float(np.median(arr))
+        m[f"{metric}_mad{level}"] = float(np.median(np.abs(arr - np.median(arr))))
+    m["windows"] = first.get("windows", 0) + again.get("windows", 0)
+    m["noisy"] = noisy(m.get("output_tok_s_windows", []))
+    m["instances"] = first.get("instances", 1) + again.get("instances", 1)
+    return m
+
+
 def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95, draws: int = 2000,
                    seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of median(cand) / median(base) (the reported speedup is a ratio

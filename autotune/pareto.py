@@ -30,9 +30,31 @@ def feasible(t: FrozenTrial) -> bool:
     return t.state == TrialState.COMPLETE and all(c <= 0 for c in t.constraints.values())
 
 
+def superseded(study: optuna.Study) -> dict[int, int]:
+    """Trial -> the re-measurement that pools its windows with a fresh engine's (the later record)."""
+    out: dict[int, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if attrs.REMEASURE_OF in t.user_attrs:
+            out[t.user_attrs[attrs.REMEASURE_OF]] = t.number
+    return out
+
+
+def latest(study: optuna.Study, t: FrozenTrial | None) -> FrozenTrial | None:
+    """``t``'s current record: its re-measurement on a fresh engine where there is one."""
+    by = superseded(study).get(t.number) if t is not None else None
+    return t if by is None else next(x for x in study.get_trials(deepcopy=False) if x.number == by)
+
+
+def reference_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The baseline's current record (speedups are ratios to its measurement)."""
+    return latest(study, baseline_trial(study))
+
+
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Optuna's Pareto front over feasible trials only (a wrong config is never on it)."""
-    return sorted((t for t in study.best_trials if feasible(t)), key=lambda t: t.number)
+    """Optuna's Pareto front over feasible trials only (a wrong config is never on it); a trial
+    measured again on a fresh engine is there as its pooled re-measurement."""
+    old = superseded(study)
+    return sorted((t for t in study.best_trials if feasible(t) and t.number not in old), key=lambda t: t.number)
 
 
 LOSSY_MIN_GAIN = 0.03  # default --lossy-min-gain
@@ -72,9 +94,11 @@ def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choic
         return None
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     sign = 1 if maximize else -1
-    best = max(front, key=lambda t: sign * t.values[0])
+    # On a tie, the record with more evidence (pooled over fresh engines) goes first.
+    best = max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs))
+    old = superseded(study)
     lossless = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy]
+                if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy and t.number not in old]
     if not Candidate(best.user_attrs[attrs.CANDIDATE]).lossy or not lossless:
         return Choice(best)
     rival = max(lossless, key=lambda t: sign * t.values[0])
@@ -129,9 +153,10 @@ PREDICTED_COLUMNS = ("speedup", "lo", "hi", "step_cost", "tokens_per_step", "mea
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per measured or failed trial: params, metrics, verdict, failure reason, speedup."""
-    base = baseline_trial(study)
+    base = reference_trial(study)
     base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
     front = {t.number for t in pareto_trials(study)}
+    old = superseded(study)
     # Every objective gets a column, so that a report can draw the front from this table alone.
     # Extra load levels (objective@level): the headline metrics at each level as well.
     at_levels = [f"{k}@{lvl}" for lvl in study.user_attrs.get(attrs.LEVELS, [])[1:] for k in LEVEL_COLUMNS]
@@ -152,6 +177,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         pred = ua.get(attrs.PREDICTED) or {}  # what the forecast said before this trial ran
         row.update({f"predicted_{k}": pred.get(k) for k in PREDICTED_COLUMNS})
         row["planned"] = ua.get(attrs.PLANNED)
+        row["remeasure_of"] = ua.get(attrs.REMEASURE_OF)  # pools its windows with that trial's
+        row["superseded_by"] = old.get(t.number)
         row["correct"] = v.get("passed")
         row["status"] = v.get("status", "ok" if v.get("passed") else ("failed" if v else None))  # ok, failed, unverified
         row["token_agreement"] = v.get("token_agreement")

@@ -17,8 +17,8 @@ import pandas as pd
 
 from autotune import __version__
 from autotune.charts import (MIN_TRIALS_FOR_IMPORTANCE, TABLE_COLUMNS, _category_table_html,  # noqa: F401
-                             acceptance_chart, category_chart, importance_chart, pareto_chart, speedup_chart,
-                             to_plotly, to_png)
+                             acceptance_chart, category_chart, importance_chart, pareto_chart, prediction_chart,
+                             speedup_chart, to_plotly, to_png)
 from autotune.errors import BadInput
 from autotune.results import load_report
 
@@ -84,7 +84,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     frame = load_trials(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    charts = [pareto_chart(frame, report), speedup_chart(frame), acceptance_chart(frame),
+    charts = [pareto_chart(frame, report), speedup_chart(frame), prediction_chart(frame), acceptance_chart(frame),
               importance_chart(results_dir, report), category_chart(report)]
     written, sections = [], []
     for c in charts:

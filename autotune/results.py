@@ -53,6 +53,25 @@ def _entry(t: Any, base: Any, settings: Any) -> dict[str, Any]:
     return e
 
 
+def _remeasured(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
+    """The pick's speedup interval from its first engine alone and from the pooled fresh-engine
+    re-measurements (the pick's and the baseline's): how much the spread between instances adds."""
+    from autotune.metrics import ratio_interval
+
+    of = (pick.user_attrs.get(attrs.REMEASURE_OF) if pick is not None else None)
+    if of is None or base is None:
+        return None
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    first, base_first = trials[of], trials[base.user_attrs.get(attrs.REMEASURE_OF, base.number)]
+    key = "output_tok_s_windows"
+    one = ratio_interval(attrs.measurement(first).get(key, []), attrs.measurement(base_first).get(key, []))
+    both = ratio_interval(attrs.measurement(pick).get(key, []), attrs.measurement(base).get(key, []))
+    width = lambda iv: iv[1] - iv[0]  # noqa: E731
+    return {"trial": of, "by": pick.number, "baseline_by": base.number if base.number != base_first.number else None,
+            "interval_one_engine": list(one), "interval_fresh_engines": list(both),
+            "widening": width(both) / width(one) if width(one) > 0 else None}
+
+
 def _lossless_first(choice: Any) -> dict[str, Any] | None:
     """The faster lossy trial the pick was chosen over, and why (None: no such trial)."""
     if choice is None or choice.passed_over is None:
@@ -67,10 +86,10 @@ def _lossless_first(choice: Any) -> dict[str, Any] | None:
 def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, Any], objectives: list[str],
                  storage_url: str) -> dict[str, Any]:
     """The StudyReport (what best.json holds) of a study and its trials table."""
-    from autotune.pareto import baseline_trial, choose, deployed_trial, pareto_trials
+    from autotune.pareto import choose, deployed_trial, pareto_trials, reference_trial
     from autotune.storage import redact
 
-    choice, base, deployed = choose(study), baseline_trial(study), deployed_trial(study)
+    choice, base, deployed = choose(study), reference_trial(study), deployed_trial(study)
     ua = study.user_attrs
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
@@ -87,6 +106,7 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         # A warm start's pick, re-measured in this run: `autotune check` compares the new pick with it.
         "deployed": _entry(deployed, base, settings) if deployed else None,
         "lossless_first": _lossless_first(choice),
+        "remeasured": _remeasured(study, choice.trial if choice else None, base),
         "warm_start": ua.get(attrs.WARM_START),
         # How candidates were chosen, and why the strategy stopped before the budget (if it did).
         "strategy": {"name": ua.get(attrs.STRATEGY), "stopped": ua.get(attrs.STOPPED),
@@ -100,14 +120,14 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
                   objectives: list[str], storage_url: str) -> dict[str, Any]:
     """Write every results file for ``study``; return the StudyReport (what best.json holds)."""
     from autotune.export import command, serve_script
-    from autotune.pareto import baseline_trial, trials_frame
+    from autotune.pareto import reference_trial, trials_frame
 
     results_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(study)
     frame.to_csv(results_dir / "trials.csv", index=False)
     parquet_safe(frame).to_parquet(results_dir / "trials.parquet", engine="pyarrow", index=False)
     (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
-    _write_by_category(study, baseline_trial(study), results_dir)
+    _write_by_category(study, reference_trial(study), results_dir)
     report = study_report(study, frame, settings=settings, platform=platform, objectives=objectives,
                           storage_url=storage_url)
     if report["best"] is not None:

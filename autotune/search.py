@@ -37,6 +37,7 @@ class SearchOptions:
     drop_too_long: bool = False
     trials: int = 8
     strategy: str = "predict"
+    remeasure: bool = True
     study: str | None = None
     storage: str | None = None
     results: Path = Path("results")
@@ -126,7 +127,7 @@ def prepare(o: SearchOptions) -> Prepared:
                       n_trials=o.trials, storage=o.storage, load=load, extra_loads=extra_loads, repeats=o.repeats,
                       max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
                       trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, lossy_min_gain=o.lossy_min_gain,
-                      strategy=o.strategy,
+                      strategy=o.strategy, remeasure=o.remeasure,
                       tolerances=Tolerances(lossless=o.lossless_tolerance, max_drift=o.max_drift,
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),

@@ -130,12 +130,13 @@ def study_model(study: Any, space: Any, max_model_len: int | None) -> tuple[Mode
     from optuna.trial import TrialState
 
     from autotune.metrics import ratio_interval
-    from autotune.pareto import feasible
+    from autotune.pareto import feasible, reference_trial, superseded
     from autotune.study import baseline_trial
 
-    base = baseline_trial(study)
+    base, ref = baseline_trial(study), reference_trial(study)
     if base is None:
         return None
+    old = superseded(study)
     trace = study.user_attrs.get(attrs.DRAFT_TRACE) or {}
     key = (study.study_name, base.number, bool(trace.get("argmax")))
     with _lock:
@@ -143,11 +144,11 @@ def study_model(study: Any, space: Any, max_model_len: int | None) -> tuple[Mode
             _tables[key] = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"),
                                            max_model_len or 1 << 30)
         table = _tables[key]
-    bm = attrs.measurement(base)
+    bm = attrs.measurement(ref)
     observations, failed = [Observation(attrs.candidate(base), 1.0, 1.0, 1.0)], []
     for t in study.get_trials(deepcopy=False):
-        if t.number == base.number or attrs.is_duplicate(t) or attrs.is_interrupted(t) \
-                or attrs.role(t) == attrs.EXTRA_BASELINE:
+        if t.number in (base.number, ref.number) or attrs.is_duplicate(t) or attrs.is_interrupted(t) \
+                or attrs.role(t) == attrs.EXTRA_BASELINE or t.number in old:
             continue
         if t.state == TrialState.FAIL:
             failed.append(attrs.candidate(t))

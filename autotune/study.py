@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from autotune.evaluate import Reference, evaluate, trial_job
 from autotune.objectives import validate_objectives
 from autotune.optuna_private import heartbeat, set_trial_attr, stale_trial_ids, storage_of, trial_id
 from autotune.forecast import Forecast
+from autotune.metrics import pool
 from autotune.space import SearchSpace
 from autotune.strategy import forecast_for, needs_trace, plan, trace_draft
 from autotune.storage import dead_here, has_heartbeat, open_storage, worker_id
@@ -91,7 +93,8 @@ def _counts(t: FrozenTrial) -> bool:
 
 
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False) if _counts(t)]
+    """The trials that used the --trials budget (fresh-engine re-measurements do not)."""
+    return [t for t in study.get_trials(deepcopy=False) if _counts(t) and attrs.role(t) != attrs.REMEASURE]
 
 
 def _running(study: optuna.Study) -> list[FrozenTrial]:
@@ -223,8 +226,10 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         if _fail_stale(study):
             _retry_interrupted(study)
         running = _running(study)
-        if len(_finished(study)) + len(running) >= cfg.n_trials:
-            return
+        if len(_finished(study)) + len([t for t in running if attrs.role(t) != attrs.REMEASURE]) >= cfg.n_trials:
+            # The budget is used; fresh-engine re-measurements come on top of it.
+            if not cfg.remeasure or not (_queue_remeasure(study) or _remeasures_waiting(study)):
+                return
         base = baseline_trial(study)
         if base is None and any(t.user_attrs.get(attrs.ROLE) == BASELINE for t in running):
             time.sleep(1.0)  # another worker measures the reference; candidates are judged against it
@@ -235,6 +240,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             step = plan(study, space, cfg.strategy, cfg.settings.max_model_len)
             if step.stop:
                 study.set_user_attr(attrs.STOPPED, step.why)
+                if cfg.remeasure and _queue_remeasure(study):
+                    continue
                 return
             if step.params is not None:
                 study.enqueue_trial(step.params, user_attrs={attrs.PLANNED: step.why})
@@ -252,7 +259,7 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         cand = space.baseline_candidate() if is_base else space.suggest(trial)
         trial.set_user_attr(attrs.CANDIDATE, cand.params)
         trial.set_user_attr(attrs.LABEL, cand.label)
-        dup = _duplicate(study, cand, trial.number, is_base)
+        dup = None if attrs.role(trial) == attrs.REMEASURE else _duplicate(study, cand, trial.number, is_base)
         if dup is not None:  # never measure the same config twice without meaning to
             trial.set_user_attr(attrs.DUPLICATE_OF, dup)
             study.tell(trial, state=TrialState.PRUNED)
@@ -261,6 +268,42 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         if is_base and baseline_trial(study) is None:
             reason = _frozen(study, trial.number).user_attrs.get(attrs.FAILURE, "unknown")
             raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
+
+
+MAX_REMEASURES = 4  # fresh-engine re-measurements a study makes at most (the pick may change after one)
+
+
+def _queue_remeasure(study: optuna.Study) -> bool:
+    """Queue the pick and the baseline once more, each on a fresh engine, unless done: their pooled
+    windows make the pick's interval include the spread between engine instances. True if queued."""
+    from autotune.pareto import choose
+
+    trials = study.get_trials(deepcopy=False)
+    again = [t for t in trials if attrs.role(t) == attrs.REMEASURE and not attrs.is_interrupted(t)]
+    if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in again) or len(again) >= MAX_REMEASURES \
+            or _waiting(study):  # configs asked for (--try) go first, or not at all once the budget is used
+        return False
+    choice, base = choose(study), baseline_trial(study)
+    if choice is None or base is None or attrs.role(choice.trial) == BASELINE:
+        return False
+    pick = choice.trial.user_attrs.get(attrs.REMEASURE_OF, choice.trial.number)
+    done = {t.user_attrs.get(attrs.REMEASURE_OF) for t in again}
+    sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
+    pooled = [t for t in again if t.state == TrialState.COMPLETE and t.user_attrs.get(attrs.REMEASURE_OF) != base.number]
+    if pooled and all(sign * choice.trial.values[0] <= sign * t.values[0] for t in pooled):
+        return False  # a pooled pick stands unless another beats it outright (not a tie)
+    queued = False
+    for n in (base.number, pick):
+        if n not in done:
+            params = attrs.candidate(next(t for t in trials if t.number == n))  # the baseline has no Optuna params
+            study.enqueue_trial(params, user_attrs={attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: n})
+            queued = True
+    return queued
+
+
+def _remeasures_waiting(study: optuna.Study) -> bool:
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    return bool(waiting) and all(attrs.role(t) == attrs.REMEASURE for t in waiting)
 
 
 def _waiting(study: optuna.Study) -> bool:
@@ -343,6 +386,8 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
         raise
     trial.set_user_attr(attrs.WALL_S, round(outcome.wall_s, 2))
     summary = _record(study, trial, cand, outcome, job, cfg, reference)
+    if attrs.REMEASURE_OF in trial.user_attrs:
+        summary = f"fresh engine, pooled with trial {trial.user_attrs[attrs.REMEASURE_OF]}: {summary}"
     if forecast is not None:
         summary += "; " + _against(study, trial.number, forecast)
     progress.trial_finished(n, cand.label, summary)
@@ -350,7 +395,9 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
 
 def _against(study: optuna.Study, number: int, forecast: Forecast) -> str:
     """Predicted beside measured, in one line."""
-    t, base = _frozen(study, number), baseline_trial(study)
+    from autotune.pareto import reference_trial
+
+    t, base = _frozen(study, number), reference_trial(study)
     said = (f"predicted {forecast.speedup:.2f}x [{forecast.lo:.2f}-{forecast.hi:.2f}]" if forecast.speedup is not None
             else "no prediction")
     if t.state != TrialState.COMPLETE or not attrs.measurement(base).get("output_tok_s"):
@@ -366,6 +413,10 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         study.tell(trial, state=TrialState.FAIL)
         return f"failed: {outcome.failure}"
     ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference)
+    of = trial.user_attrs.get(attrs.REMEASURE_OF)
+    if of is not None and not ev.failure:  # one record of both engine instances (autotune.metrics.pool)
+        m = pool(attrs.measurement(_frozen(study, of)), ev.measurement)
+        ev = replace(ev, measurement=m, values=[m[o] for o in cfg.objectives])
     trial.set_user_attr(attrs.MEASUREMENT, ev.measurement)
     trial.set_user_attr(attrs.VERDICT, ev.verdict.to_dict())
     for key, value in ev.constraints.items():

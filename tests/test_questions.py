@@ -61,7 +61,8 @@ def study(tmp_path_factory):
         mp.setenv("AUTOTUNE_FAKE_NO_ACCEPT", "math")
         r = runner.invoke(_app(), ["search", QUESTIONS, "--turns", "all", "--space", "tests/data/fake_space.yaml",
                                    "--trials", "2", "--try", NGRAM, "--results", str(results), "--study", "q",
-                                   "--repeats", "1", "--warmup", "0", "--samples", "0", "--output-len", "12"])
+                                   "--repeats", "1", "--warmup", "0", "--samples", "0", "--output-len", "12",
+                                   "--no-remeasure"])
     return r, results / "q"
 
 

@@ -79,7 +79,7 @@ def site(results, tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     r = runner.invoke(app, ["report", str(results), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert r.stdout.split() == [w for f in ("report.html", "pareto.png", "speedup.png", "acceptance.png",
+    assert r.stdout.split() == [w for f in ("report.html", "pareto.png", "speedup.png", "prediction.png", "acceptance.png",
                                             "importance.png") for w in ("wrote", str(out / f))]
     return out
 
@@ -87,11 +87,11 @@ def site(results, tmp_path_factory):
 def test_report_writes_html_and_pngs(site):
     out = site
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["acceptance.png", "importance.png", "pareto.png", "report.html", "speedup.png"]
+    assert names == ["acceptance.png", "importance.png", "pareto.png", "prediction.png", "report.html", "speedup.png"]
     page = (out / "report.html").read_text()
     for title in TITLES:
         assert title in page, title
-    assert page.count('class="plotly-graph-div"') == 4
+    assert page.count('class="plotly-graph-div"') == 5
     # plotly.js is inline, no script is fetched: the page opens offline
     assert "plotly.js v" in page and not [t for t in re.findall(r"<script[^>]*>", page) if "src=" in t]
     assert '"text":["baseline"]' in page.replace(" ", "")  # the baseline is marked on the front
@@ -111,7 +111,8 @@ def test_report_reads_trials_csv_when_there_is_no_parquet(results, tmp_path):
     old = tmp_path / "old"  # results written before trials.parquet existed
     shutil.copytree(results, old, ignore=shutil.ignore_patterns("trials.parquet", "report", "trials"))
     files = write_report(old)
-    assert [f.name for f in files] == ["report.html", "pareto.png", "speedup.png", "acceptance.png", "importance.png"]
+    assert [f.name for f in files] == ["report.html", "pareto.png", "speedup.png", "prediction.png", "acceptance.png",
+                                         "importance.png"]
     assert '"text":["baseline"]' in (old / "report" / "report.html").read_text().replace(" ", "")
 
 

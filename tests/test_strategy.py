@@ -183,6 +183,10 @@ def test_grid_enumerates_conditional_parameters():
 runner = CliRunner()
 
 
+def best_trial_of(results) -> int:
+    return json.loads((results / "best.json").read_text())["best"]["trial"]
+
+
 def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_path, monkeypatch, fake_engine_env):
     monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
     monkeypatch.delenv("COLUMNS", raising=False)
@@ -191,9 +195,12 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
                             "--repeats", "1", "--study", "p"])
     assert r.exit_code == 0, r.output
     frame = pd.read_csv(tmp_path / "p" / "trials.csv")
-    assert 3 <= len(frame) < 26  # stopped well before the 26-point grid, with budget left
-    cands = frame[frame["role"] != "baseline"]
+    assert 3 <= len(frame) < 20  # stopped well before the 26-point grid, with budget left
+    cands = frame[~frame["role"].isin(["baseline", "re-measure"])]
     assert cands["predicted_speedup"].notna().all() and cands["planned"].notna().all()
+    # Then the pick and the baseline once more, each on a fresh engine, pooled.
+    again = frame[frame["role"] == "re-measure"]
+    assert len(again) == 2 and 0 in set(again["remeasure_of"]) and best_trial_of(tmp_path / "p") in set(again["trial"])
     assert all("predicted " in ln and ", measured " in ln for ln in r.stdout.splitlines()
                if ln.startswith("trial ") and not ln.startswith("trial   0"))
     best = json.loads((tmp_path / "p" / "best.json").read_text())
@@ -206,9 +213,12 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
     rows = json.loads(r.stdout)
     scored = [x["speedup"] for x in rows if x["speedup"] is not None]
     assert len(rows) == 26 and scored == sorted(scored, reverse=True)
-    assert sum(x["measured"] is not None for x in rows) == len(frame)
+    assert sum(x["measured"] is not None for x in rows) == len(frame) - len(again)  # re-measures: same configs
     r = runner.invoke(app, ["predict", str(tmp_path / "p"), "--top", "5"])
     assert r.exit_code == 0 and "forecast from the baseline's tokens, the draft's trace" in r.stdout
+    # The report plots each forecast against its measurement.
+    r = runner.invoke(app, ["report", str(tmp_path / "p")])
+    assert r.exit_code == 0 and (tmp_path / "p" / "report" / "prediction.png").is_file(), r.output
 
 
 def test_predict_command_bad_input_is_one_line(tmp_path):

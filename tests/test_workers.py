@@ -173,7 +173,8 @@ def test_search_cli_with_two_workers_prints_json(tmp_path, fake_engine_env, monk
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--model", "fake-model", "--space", SPACE,
                                  "--trials", "4", "--workers", "2", "--json", "--results", str(tmp_path),
-                                 "--storage", f"journal:{tmp_path / 'journal.log'}", "--samples", "0"])
+                                 "--storage", f"journal:{tmp_path / 'journal.log'}", "--samples", "0",
+                                 "--no-remeasure"])
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)  # stdout holds the JSON alone; progress went to stderr
     assert report["best"] and report["trials"]["finished"] == 4
