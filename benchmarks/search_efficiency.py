@@ -26,8 +26,11 @@ import json
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 DATA = Path(__file__).resolve().parent / "data"
 RUNS = Path("results/bench")
@@ -80,16 +83,234 @@ def measure(a: argparse.Namespace) -> None:
     from autotune.hardware import platform_tags
     from autotune.space import load_space
 
-    wl = Path(a.workload).stem
-    study = f"grid-{wl}-{a.space}"
+    wl, sp = Path(a.workload).stem, Path(a.space).stem
+    study = f"grid-{wl}-{sp}"
     n = len(load_space(a.space, platform="cpu", models={"draft_model"} if demo.available() else set(),
                        tags=platform_tags("cpu")).grid())
     wall = _search(a.workload, a.space, "grid", study, n + 1)
     table = {**table_of(RUNS / study), "wall_s": round(wall, 1)}
     DATA.mkdir(parents=True, exist_ok=True)
-    out = DATA / f"table-{wl}-{a.space}.json"
+    out = DATA / f"table-{wl}-{sp}.json"
     out.write_text(json.dumps(table, indent=1))
     print(f"{out}: {len(table['rows'])} candidates measured in {wall / 60:.1f} min")
+
+
+# --- replaying the strategies on a table ------------------------------------------------------
+
+class Table:
+    """A measured grid as an oracle: what measuring a candidate would have given, redrawn per seed
+    by resampling each candidate's measured windows (so seeds differ where the noise allows)."""
+
+    def __init__(self, data: dict[str, Any]):
+        from autotune.candidate import Candidate
+        from autotune.forecast import AcceptanceTable
+        from autotune.space import load_space
+
+        self.data = data
+        self.rows = {Candidate(r["params"]).key(): r for r in data["rows"]}
+        base = data["baseline"]
+        self.base_params, self.base_windows = base["params"], base["output_tok_s_windows"]
+        self.share = (base["ttft_ms_mean"] or 0) / base["e2e_ms_mean"]
+        trace = data.get("draft_trace") or {}
+        self.acceptance = AcceptanceTable(base["outputs"], trace.get("argmax"), 1 << 30)
+        self.trace_s = trace.get("wall_s") or 0.0
+        self.space = load_space(data["space"], platform="cpu", models={"draft_model"}, tags={"cpu", "cpu-avx512"})
+        self.grid = [c for c in self.space.grid() if c.key() in self.rows]
+        base_tok = float(np.median(self.base_windows))
+        ok = [r for r in data["rows"] if r["state"] == "COMPLETE" and r["feasible"]]
+        self.best = max(ok, key=lambda r: r["output_tok_s"])
+        self.best_speedup = self.best["output_tok_s"] / base_tok
+        self.base_wall = next(r["wall_s"] for r in data["rows"] if r["role"] == "baseline")
+
+    def draw(self, rng: np.random.Generator) -> dict[str, Any]:
+        """One replicate: each candidate's observation (or failure) with resampled windows."""
+        from autotune.forecast import Observation
+        from autotune.metrics import ratio_interval
+
+        base = rng.choice(self.base_windows, len(self.base_windows))
+        out: dict[str, Any] = {}
+        for key, r in self.rows.items():
+            if r["state"] != "COMPLETE":
+                out[key] = None
+                continue
+            w = rng.choice(r["output_tok_s_windows"], len(r["output_tok_s_windows"]))
+            lo, hi = ratio_interval(list(w), list(base))
+            out[key] = Observation(r["params"], float(np.median(w) / np.median(base)), lo, hi, r["feasible"])
+        return out
+
+    def true_speedup(self, key: str) -> float:
+        r = self.rows[key]
+        ok = r["state"] == "COMPLETE" and r["feasible"]
+        return r["output_tok_s"] / float(np.median(self.base_windows)) if ok else 0.0
+
+
+def _walk(table: Table, order: list[str], budget: int) -> dict[str, Any]:
+    """Candidates (after the baseline) and wall time until within WITHIN of the table's best."""
+    wall = table.base_wall
+    for i, key in enumerate(order[:budget], 1):
+        wall += table.rows[key]["wall_s"] or 0.0
+        if table.true_speedup(key) >= (1 - WITHIN) * table.best_speedup:
+            return {"found": True, "candidates": i, "wall_s": wall, "measured": min(len(order), budget)}
+    return {"found": False, "candidates": None, "wall_s": None, "measured": min(len(order), budget)}
+
+
+def _candidates(table: Table) -> list[str]:
+    """The grid after the baseline (which a study measures first, as trial 0)."""
+    base = table.space.baseline_candidate().key()
+    return [c.key() for c in table.grid if c.key() != base]
+
+
+def replay_grid(table: Table, seed: int, budget: int) -> dict[str, Any]:
+    return _walk(table, _candidates(table), budget)
+
+
+def replay_random(table: Table, seed: int, budget: int) -> dict[str, Any]:
+    keys = _candidates(table)
+    np.random.default_rng(seed).shuffle(keys)
+    return _walk(table, keys, budget)
+
+
+def replay_tpe(table: Table, seed: int, budget: int) -> dict[str, Any]:
+    """Optuna's TPE as a study runs it (autotune.study._sampler), on the table's measurements."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from autotune.study import _sampler
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    obs = table.draw(np.random.default_rng(seed))
+    study = optuna.create_study(directions=["maximize"], sampler=_sampler(seed, "tpe"))
+    study.enqueue_trial(table.space.baseline_trial_params())
+    order: list[str] = []
+    seen: set[str] = set()
+    for _ in range(8 * budget):
+        if len(order) >= budget:
+            break
+        t = study.ask()
+        cand = table.space.suggest(t)
+        key = cand.key()
+        if key == table.space.baseline_candidate().key() or key in seen or key not in table.rows:
+            study.tell(t, state=TrialState.PRUNED)  # a duplicate: an ask, not a measurement
+            continue
+        seen.add(key)
+        order.append(key)
+        o = obs[key]
+        if o is None:
+            study.tell(t, state=TrialState.FAIL)
+        else:
+            t.set_constraint("correct", 0.0 if o.feasible else 1.0)
+            study.tell(t, [o.speedup if o.feasible else 0.0])
+    return _walk(table, order, budget)
+
+
+def replay_predict(table: Table, seed: int, budget: int) -> dict[str, Any]:
+    from autotune.candidate import Candidate
+    from autotune.forecast import Model, Observation
+    from autotune.strategy import next_predicted
+
+    draw = table.draw(np.random.default_rng(seed))
+    obs, failed, order = [Observation(table.base_params, 1.0, 1.0, 1.0)], [], []
+    while len(order) < budget:
+        step = next_predicted(table.grid, Model(table.acceptance, obs, table.base_params, table.share), obs, failed)
+        if step.stop:
+            break
+        key = Candidate(step.params).key()
+        order.append(key)
+        if draw.get(key) is None:
+            failed.append(step.params)
+        else:
+            obs.append(draw[key])
+    out = _walk(table, order, budget)
+    if out["wall_s"] is not None:
+        out["wall_s"] += table.trace_s  # the draft's trace runs before the first candidate
+    return out
+
+
+STRATEGY_REPLAYS = {"grid": replay_grid, "random": replay_random, "tpe": replay_tpe, "predict": replay_predict}
+
+
+def replay(a: argparse.Namespace) -> None:
+    results: dict[str, Any] = {}
+    for path in a.tables:
+        table = Table(json.loads(Path(path).read_text()))
+        name = Path(path).stem
+        n = len(table.grid)
+        print(f"\n{name}: {n} candidates measured ({table.data['date']}, vLLM {table.data['vllm_version']}); best "
+              f"{table.best['label']} {table.best_speedup:.2f}x; within {WITHIN:.0%}: "
+              + ", ".join(r["label"] for r in table.data["rows"]
+                          if r["state"] == "COMPLETE" and r["feasible"]
+                          and table.true_speedup(_key(r)) >= (1 - WITHIN) * table.best_speedup))
+        print(f"{'strategy':<9} {'found (budget ' + str(a.budget) + ')':>18} {'candidates p50':>15} {'p90':>5} "
+              f"{'max':>5} {'wall min p50':>13} {'stopped at p50':>15}")
+        results[name] = {}
+        for strategy, fn in STRATEGY_REPLAYS.items():
+            runs = [fn(table, seed, a.budget) for seed in range(1 if strategy == "grid" else a.seeds)]
+            hits = [r for r in runs if r["found"]]
+            cands = np.array([r["candidates"] for r in hits]) if hits else np.array([np.nan])
+            walls = np.array([r["wall_s"] for r in hits]) if hits else np.array([np.nan])
+            row = {"seeds": len(runs), "found": len(hits) / len(runs),
+                   "candidates_p50": float(np.median(cands)), "candidates_p90": float(np.percentile(cands, 90)),
+                   "candidates_max": float(np.max(cands)), "wall_min_p50": float(np.median(walls)) / 60,
+                   "measured_p50": float(np.median([r["measured"] for r in runs])),
+                   "within_4": float(np.mean([r["found"] and r["candidates"] <= 4 for r in runs]))}
+            results[name][strategy] = row
+            print(f"{strategy:<9} {row['found']:>18.0%} {row['candidates_p50']:>15.0f} {row['candidates_p90']:>5.0f} "
+                  f"{row['candidates_max']:>5.0f} {row['wall_min_p50']:>13.1f} {row['measured_p50']:>15.0f}"
+                  f"   (within 4 candidates: {row['within_4']:.0%})")
+    DATA.mkdir(parents=True, exist_ok=True)
+    out = DATA / "search_efficiency.json"
+    out.write_text(json.dumps({"budget": a.budget, "seeds": a.seeds, "within": WITHIN, "tables": results}, indent=1))
+    print(f"\nwrote {out}")
+
+
+def versus(a: argparse.Namespace) -> None:
+    """A live --strategy predict study beside the table's grid study (same workload and space)."""
+    import optuna
+
+    from autotune import attrs
+    from autotune.study import baseline_trial
+
+    wl, sp = Path(a.workload).stem, Path(a.space).stem
+    table = Table(json.loads((DATA / f"table-{wl}-{sp}.json").read_text()))
+    if a.results:  # a predict study already run (e.g. the demo's, results/demo)
+        folder, wall = Path(a.results), None
+    else:
+        folder = RUNS / f"predict-{wl}-{sp}"
+        wall = _search(a.workload, a.space, "predict", folder.name, len(table.grid) + 1)
+    st = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
+    base = attrs.measurement(baseline_trial(st))["output_tok_s"]
+    elapsed, reached, lines = 0.0, None, []
+    trace = (st.user_attrs.get(attrs.DRAFT_TRACE) or {}).get("wall_s") or 0.0
+    for t in sorted(st.get_trials(deepcopy=False), key=lambda t: t.number):
+        if attrs.is_duplicate(t) or t.state.name not in ("COMPLETE", "FAIL"):
+            continue
+        elapsed += (t.user_attrs.get(attrs.WALL_S) or 0.0) + (trace if t.number == 1 else 0.0)
+        own = attrs.measurement(t).get("output_tok_s", 0.0) / base if t.state.name == "COMPLETE" else 0.0
+        in_table = table.true_speedup(_key({"params": attrs.candidate(t)})) if _key(
+            {"params": attrs.candidate(t)}) in table.rows else float("nan")
+        ok = t.state.name == "COMPLETE" and bool(attrs.verdict(t).get("passed"))
+        if reached is None and ok and attrs.role(t) != attrs.BASELINE and \
+                in_table >= (1 - WITHIN) * table.best_speedup:
+            reached = (t.number, elapsed)
+        lines.append(f"  trial {t.number:>2} {attrs.label(t):<34} {own:5.2f}x here, {in_table:5.2f}x in the grid's table")
+    print("\n".join(lines))
+    grid_wall = table.data.get("wall_s") or sum(r["wall_s"] or 0 for r in table.data["rows"])
+    result = {"workload": wl, "space": sp, "grid_best": table.best["label"], "grid_best_speedup": table.best_speedup,
+              "grid_wall_s": grid_wall, "predict_wall_s": wall if wall is not None else elapsed,
+              "predict_trials": len(lines),
+              "stopped": st.user_attrs.get(attrs.STOPPED),
+              "reached_trial": reached and reached[0], "reached_wall_s": reached and reached[1],
+              "reached_share_of_grid_wall": reached and reached[1] / grid_wall}
+    print(json.dumps(result, indent=1))
+    DATA.mkdir(parents=True, exist_ok=True)
+    (DATA / f"versus-{wl}-{sp}.json").write_text(json.dumps(result, indent=1))
+
+
+def _key(row: dict[str, Any]) -> str:
+    from autotune.candidate import Candidate
+
+    return Candidate(row["params"]).key()
 
 
 def main() -> None:
@@ -98,8 +319,16 @@ def main() -> None:
     m = sub.add_parser("measure")
     m.add_argument("workload")
     m.add_argument("--space", default="quick")
+    r = sub.add_parser("replay")
+    r.add_argument("tables", nargs="+")
+    r.add_argument("--seeds", type=int, default=50)
+    r.add_argument("--budget", type=int, default=25, help="Candidates after the baseline at most.")
+    v = sub.add_parser("versus")
+    v.add_argument("workload")
+    v.add_argument("--space", default="quick")
+    v.add_argument("--results", help="Read this finished predict study instead of running one.")
     a = ap.parse_args()
-    {"measure": measure}[a.cmd](a)
+    {"measure": measure, "replay": replay, "versus": versus}[a.cmd](a)
 
 
 if __name__ == "__main__":
