@@ -137,12 +137,14 @@ def prediction_chart(frame: pd.DataFrame) -> Chart:
     rows = frame[(frame["state"] == "COMPLETE") & frame["predicted_speedup"].map(_num).notna()
                  & frame["speedup_output_tok_s"].map(_num).notna()] if need <= set(frame.columns) else frame.iloc[:0]
     if rows.empty:
-        chart.note = "No trial carries a forecast (a study from before --strategy predict, or a method no replay covers)."
+        chart.note = ("No trial carries a forecast (a study from before --strategy predict, or a method no replay "
+                      "covers).")
         return chart
     method = rows["param_method"] if "param_method" in rows else rows["label"].str.split().str[0]
     for i, (m, part) in enumerate(rows.assign(method=method).groupby("method", sort=False)):
         hover = [f"trial {int(r.trial)}: {r.label}: predicted {_num(r.predicted_speedup):.2f}x "
-                 f"[{_num(r.predicted_lo):.2f}-{_num(r.predicted_hi):.2f}], measured {_num(r.speedup_output_tok_s):.2f}x"
+                 f"[{_num(r.predicted_lo):.2f}-{_num(r.predicted_hi):.2f}], "
+                 f"measured {_num(r.speedup_output_tok_s):.2f}x"
                  for r in part.itertuples()]
         chart.series.append(Series(str(m), part["predicted_speedup"].map(_num).tolist(),
                                    part["speedup_output_tok_s"].map(_num).tolist(), color=PALETTE[i % len(PALETTE)],

@@ -37,8 +37,8 @@ class StudyConfig:
     samples: int = 64  # draws per sampled request for the distribution test
     sample_tokens: int = 3  # leading tokens that form one outcome of the test
     lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
-    strategy: str = "predict"
-    remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)  # autotune.strategy.STRATEGIES: how the next candidate is chosen
+    strategy: str = "predict"  # autotune.strategy.STRATEGIES: how the next candidate is chosen
+    remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
 
     @property

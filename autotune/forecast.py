@@ -38,7 +38,7 @@ PRIORS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "ngram": ((0.2, 0.5), (0.03, 0.15)),
     "draft_model": ((0.2, 0.5), (0.25, 0.3)),
 }
-FLOOR = 0.03  # relative noise of one measured speedup beyond its windows: engine instances differ
+FLOOR = 0.03  # least relative noise of one measured speedup beyond its windows: engine instances differ
 KNOB_PRIOR_SD = 0.2  # log-factor of an unmeasured knob value: +-20% either way
 
 
@@ -52,12 +52,11 @@ class Observation:
     hi: float
     feasible: bool = True  # correct (and within SLOs): can be the best
 
-    @property
-    def rel_sd(self) -> float:
-        """Relative standard deviation of the speedup: its interval, and the floor between instances."""
+    def rel_sd(self, floor: float = FLOOR) -> float:
+        """Relative standard deviation of the speedup: its interval, and the noise between instances."""
         width = (self.hi - self.lo) / (2 * Z * self.speedup) if self.speedup > 0 and math.isfinite(self.hi - self.lo) \
             else 0.0
-        return math.hypot(width, FLOOR)
+        return math.hypot(width, floor)
 
 
 @dataclass(frozen=True)
@@ -184,17 +183,45 @@ class Model:
     def __init__(self, table: AcceptanceTable, observations: Sequence[Observation], baseline: Mapping[str, Any],
                  prefill_share: float):
         self.table, self.baseline, self.f = table, dict(baseline), prefill_share
+        self.noise = FLOOR  # between engine instances; raised to what the fit's residuals show
+        self._fit(observations)
+        seen = self._residual_sd(observations)
+        if seen > self.noise:
+            self.noise = seen
+            self._fit(observations)
+
+    def _plain_points(self, observations: Sequence[Observation], method: str) -> list[tuple[Observation, float]]:
+        out = []
+        for o in observations:
+            a = self.table.get(o.params) if o.params.get("method") == method else None
+            if a is not None and not knobs(o.params, self.baseline) and math.isfinite(a.tokens_per_step):
+                out.append((o, a.tokens_per_step))
+        return out
+
+    def _fit(self, observations: Sequence[Observation]) -> None:
         self.costs: dict[str, StepCost] = {}
         for method in REPLAYED:
             pts = []
-            for o in observations:
-                a = table.get(o.params) if o.params.get("method") == method else None
-                if a is None or knobs(o.params, baseline) or not math.isfinite(a.tokens_per_step):
-                    continue
-                r = step_cost_of(o.speedup, a.tokens_per_step, prefill_share)
-                pts.append((int(o.params["num_speculative_tokens"]), r, max(r, 0.05) * o.rel_sd * 1.2))
+            for o, t in self._plain_points(observations, method):
+                r = step_cost_of(o.speedup, t, self.f)
+                pts.append((int(o.params["num_speculative_tokens"]), r, max(r, 0.05) * o.rel_sd(self.noise) * 1.2))
             self.costs[method] = fit_step_cost(method, pts)
         self.factors = self._knob_factors(observations)
+
+    def _residual_sd(self, observations: Sequence[Observation]) -> float:
+        """The relative spread of measured speedups around the fit (2 parameters per fitted method):
+        on a noisy machine, configs that do the same work measure apart, and the forecasts' intervals
+        and the stop rule must widen to match."""
+        res, params = [], 0
+        for method in REPLAYED:
+            pts = self._plain_points(observations, method)
+            params += 2 if pts else 0
+            for o, _ in pts:
+                s = self._plain_speedup(o.params)
+                if s is not None and o.speedup > 0:
+                    res.append(math.log(o.speedup / s[0]))
+        dof = len(res) - params
+        return math.sqrt(sum(x * x for x in res) / dof) if dof >= 2 else 0.0
 
     def _plain_speedup(self, params: Mapping[str, Any]) -> tuple[float, float, float, Acceptance | None] | None:
         """(speedup, log-sd, r, acceptance) with the unreplayed knobs at the baseline's values."""
@@ -207,7 +234,7 @@ class Model:
         r, sd = self.costs[method].at(int(params["num_speculative_tokens"]))
         s = speedup_of(r, a.tokens_per_step, self.f)
         # d log S / d r = -(1 - f) / (T * (f + (1 - f) r / T)) = -(1 - f) S / T
-        log_sd = (1 - self.f) * s / a.tokens_per_step * math.hypot(sd, FLOOR * r)
+        log_sd = (1 - self.f) * s / a.tokens_per_step * math.hypot(sd, self.noise * r)
         return s, log_sd, r, a
 
     def _knob_factors(self, observations: Sequence[Observation]) -> dict[tuple[str, Any], tuple[float, float, int]]:
@@ -223,8 +250,9 @@ class Model:
                 residuals.setdefault(kv, []).append((math.log(o.speedup) - math.log(base[0])) / len(extra))
         out = {}
         for kv, res in residuals.items():
-            precision = len(res) / 0.05**2 + 1 / KNOB_PRIOR_SD**2
-            out[kv] = (sum(res) / 0.05**2 / precision, math.sqrt(1 / precision), len(res))
+            each = max(0.05, self.noise)  # one residual's noise
+            precision = len(res) / each**2 + 1 / KNOB_PRIOR_SD**2
+            out[kv] = (sum(res) / each**2 / precision, math.sqrt(1 / precision), len(res))
         return out
 
     def known(self, kv: tuple[str, Any]) -> bool:

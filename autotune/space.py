@@ -248,4 +248,5 @@ def load_space(name_or_path: str, *, platform: str, models: set[str], tags: set[
         raise BadInput(f"{path}: not UTF-8 text; expected a YAML search space") from None
     sp = parse_space(data, src=str(path), platform=platform, models=models, tags=tags)
     # A bundled space by its name (the package may live elsewhere next time), a file by its full path.
-    return replace(sp, resolved={**sp.resolved, "source": name_or_path if name_or_path in spaces else str(path.resolve())})
+    source = name_or_path if name_or_path in spaces else str(path.resolve())
+    return replace(sp, resolved={**sp.resolved, "source": source})

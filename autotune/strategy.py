@@ -92,7 +92,7 @@ def next_predicted(grid: Sequence[Candidate], model: Model, observations: Sequen
     if not feasible:
         return Step(None, "no correct candidate measured, not even the baseline", stop=True)
     best = max(feasible, key=lambda o: o.speedup)
-    noise = max(NOISE_MIN, best.rel_sd)
+    noise = max(NOISE_MIN, best.rel_sd(model.noise))
     bar = best.speedup * (1 + noise)
     # 2. The best optimistic forecast among candidates whose every knob value has been measured.
     ready = [f for f in forecasts.values()
@@ -106,7 +106,8 @@ def next_predicted(grid: Sequence[Candidate], model: Model, observations: Sequen
         same_shape = all(c.params.get(k) == best.params.get(k) for k in SHAPE) and c.params.keys() == best.params.keys()
         (k, v), = moved.items() if len(moved) == 1 else ((None, None),)
         if same_shape and k is not None and base.get(k) != v and not model.known((k, v)):
-            return Step(c.params, f"{k}={v} not measured yet: tried on the best so far ({Candidate(best.params).label})")
+            return Step(c.params, f"{k}={v} not measured yet: tried on the best so far "
+                                  f"({Candidate(best.params).label})")
     top_text = f"{top.label} at most {top.hi:.2f}x" if top is not None else "none left"
     return Step(None, f"no unmeasured candidate can beat the best measured ({Candidate(best.params).label}, "
                       f"{best.speedup:.2f}x) by more than the noise ({noise:.0%}): {top_text}", stop=True)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,10 @@ from autotune.candidate import Candidate
 from autotune.config import Progress, Quiet, StudyConfig
 from autotune.errors import BadInput, StudyFailed
 from autotune.evaluate import Reference, evaluate, trial_job
-from autotune.objectives import validate_objectives
-from autotune.optuna_private import heartbeat, set_trial_attr, stale_trial_ids, storage_of, trial_id
 from autotune.forecast import Forecast
 from autotune.metrics import pool
+from autotune.objectives import validate_objectives
+from autotune.optuna_private import heartbeat, set_trial_attr, stale_trial_ids, storage_of, trial_id
 from autotune.space import SearchSpace
 from autotune.strategy import forecast_for, needs_trace, plan, trace_draft
 from autotune.storage import dead_here, has_heartbeat, open_storage, worker_id
@@ -78,7 +78,8 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
         # Made by an earlier run or by another worker. The same seed would replay the same random
         # configs (all duplicates now); a seed moved on by the trials so far stays reproducible.
         n = len(storage.get_all_trials(storage.get_study_id_from_name(cfg.name), deepcopy=False))
-        study = optuna.load_study(study_name=cfg.name, storage=storage, sampler=_sampler(cfg.seed + 1 + n, cfg.strategy))
+        study = optuna.load_study(study_name=cfg.name, storage=storage,
+                                  sampler=_sampler(cfg.seed + 1 + n, cfg.strategy))
     saved = study.user_attrs.get(attrs.OBJECTIVES)
     if saved is not None and tuple(saved) != cfg.objectives:
         raise BadInput(f"--objectives: study {cfg.name!r} was created with {saved}, got {list(cfg.objectives)}")
@@ -289,7 +290,8 @@ def _queue_remeasure(study: optuna.Study) -> bool:
     pick = choice.trial.user_attrs.get(attrs.REMEASURE_OF, choice.trial.number)
     done = {t.user_attrs.get(attrs.REMEASURE_OF) for t in again}
     sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
-    pooled = [t for t in again if t.state == TrialState.COMPLETE and t.user_attrs.get(attrs.REMEASURE_OF) != base.number]
+    pooled = [t for t in again
+              if t.state == TrialState.COMPLETE and t.user_attrs.get(attrs.REMEASURE_OF) != base.number]
     if pooled and all(sign * choice.trial.values[0] <= sign * t.values[0] for t in pooled):
         return False  # a pooled pick stands unless another beats it outright (not a tie)
     queued = False

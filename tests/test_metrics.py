@@ -57,3 +57,18 @@ def test_speedup_interval_brackets_the_ratio_and_narrows_with_more_windows():
     lo20, hi20 = ratio_interval(cand, base)
     assert lo20 < np.median(cand) / np.median(base) < hi20 and hi20 - lo20 < hi - lo
     assert all(x != x for x in ratio_interval([], base))  # nothing measured: no interval (NaN)
+
+
+def test_pool_joins_two_engines_windows_and_rederives_their_medians():
+    from autotune.metrics import pool
+
+    first = {"output_tok_s": 10.5, "output_tok_s_windows": [10.0, 11.0], "output_tok_s_mad": 0.5, "windows": 2,
+             "output_tok_s_windows@concurrency=4": [5.0, 6.0], "output_tok_s@concurrency=4": 5.5,
+             "mean_accepted_length": 3.0}
+    again = {"output_tok_s_windows": [13.0, 14.0], "windows": 2, "output_tok_s_windows@concurrency=4": [7.0, 8.0],
+             "mean_accepted_length": 3.0}
+    m = pool(first, again)
+    assert m["output_tok_s_windows"] == [10.0, 11.0, 13.0, 14.0] and m["output_tok_s"] == 12.0
+    assert m["output_tok_s@concurrency=4"] == 6.5 and m["output_tok_s_mad@concurrency=4"] == 1.0
+    assert m["windows"] == 4 and m["instances"] == 2 and m["noisy"]  # 1.5 / 12 > 3%: the instances disagree
+    assert m["mean_accepted_length"] == 3.0

@@ -229,3 +229,19 @@ def test_predict_command_bad_input_is_one_line(tmp_path):
 def test_strategy_flag_is_checked(tmp_path):
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--strategy", "bayes", "--results", str(tmp_path)])
     assert r.exit_code == 2 and "--strategy: expected one of predict, grid, tpe, random" in r.output
+
+
+def test_the_model_widens_to_the_noise_its_fit_shows():
+    """Configs that do the same work but measure apart (engine instances differ) raise the model's
+    noise above its floor, so forecasts and the stop rule widen with it."""
+    outputs, argmax = _outputs()
+    table = AcceptanceTable(outputs, argmax, 4096)
+    grid = [c for c in _space().grid() if c.params["kv_cache_dtype"] == "auto" and c.method != "none"]
+    rng = random.Random(1)
+    quiet = [Observation(BASE, 1, 1, 1)] + [_measure(table, c.params, rng, noise=0.005) for c in grid]
+    loud = [Observation(BASE, 1, 1, 1)] + [_measure(table, c.params, rng, noise=0.12) for c in grid]
+    calm, noisy = Model(table, quiet, BASE, SHARE), Model(table, loud, BASE, SHARE)
+    assert calm.noise == pytest.approx(0.03) and 0.07 < noisy.noise < 0.2
+    probe = grid[len(grid) // 2].params
+    f_calm, f_noisy = calm.forecast(probe), noisy.forecast(probe)
+    assert (f_noisy.hi - f_noisy.lo) > 1.5 * (f_calm.hi - f_calm.lo)
