@@ -53,8 +53,11 @@ def reference_trial(study: optuna.Study) -> FrozenTrial | None:
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     """Optuna's Pareto front over feasible trials only (a wrong config is never on it); a trial
     measured again on a fresh engine is there as its pooled re-measurement."""
+    from autotune.optuna_private import pareto_front
+
     old = superseded(study)
-    return sorted((t for t in study.best_trials if feasible(t) and t.number not in old), key=lambda t: t.number)
+    current = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.number not in old]
+    return sorted((t for t in pareto_front(study, current) if feasible(t)), key=lambda t: t.number)
 
 
 LOSSY_MIN_GAIN = 0.03  # default --lossy-min-gain

@@ -55,3 +55,19 @@ def test_no_rival_keeps_the_front_pick(only):
     params = DRAFT if only == "lossless" else FP8
     s = study(trial("x", params, [150.0, 151.0], 500))
     assert choose(s).trial.user_attrs["label"] == "x"
+
+
+def test_a_pick_measured_again_on_a_fresh_engine_is_on_the_front_as_its_pooled_record():
+    """The first engine's fast record is superseded by the pooled one, though it dominates it: the
+    front is Optuna's over the current records (a study's best_trials would keep the old one)."""
+    from autotune.pareto import pareto_trials, superseded
+
+    first = trial("draft k=2", DRAFT, [150.0, 152.0], 500)
+    pooled = trial("draft k=2", DRAFT, [120.0, 122.0, 150.0, 152.0], 560)
+    pooled.user_attrs["remeasure_of"] = 1
+    pooled.user_attrs["role"] = "re-measure"
+    s = study(BASE, first, trial("ngram", {"method": "none", "x": 1}, [130.0, 131.0], 540), pooled)
+    assert superseded(s) == {1: 3}
+    front = [t.number for t in pareto_trials(s)]
+    assert 1 not in front and 3 in front
+    assert choose(s).trial.number in front
