@@ -147,8 +147,10 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
         m[key] = joined
         m[metric + level] = float(np.median(arr))
         m[f"{metric}_mad{level}"] = float(np.median(np.abs(arr - np.median(arr))))
-    m["windows"] = first.get("windows", 0) + again.get("windows", 0)
-    m["noisy"] = noisy(m.get("output_tok_s_windows", []))
+    for key in [k for k in first if k == "windows" or k.startswith("windows@")]:
+        m[key] = first[key] + again.get(key, 0)
+    for key in [k for k in first if k == "noisy" or k.startswith("noisy@")]:
+        m[key] = noisy(m.get("output_tok_s_windows" + key[len("noisy"):], []))
     m["instances"] = first.get("instances", 1) + again.get("instances", 1)
     return m
 

@@ -15,6 +15,7 @@ from autotune.workload import load_workload
 if __name__ == "__main__":
     storage, name, results, n = sys.argv[1:5]
     cfg = StudyConfig(name=name, results_dir=Path(results), settings=Settings(model="fake-model"),
-                      storage=storage, n_trials=int(n), trial_timeout_s=60, engine_module="fake_engine")
+                      storage=storage, n_trials=int(n), trial_timeout_s=60, engine_module="fake_engine",
+                      strategy="tpe")  # the budget used in full (predict would stop once nothing can win)
     space = load_space(str(Path(__file__).parent / "data" / "fake_space_ok.yaml"), platform="cpu", models=set())
     run_study(cfg, load_workload("examples/smoke.jsonl"), space, resume=True)

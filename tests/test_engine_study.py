@@ -73,15 +73,18 @@ def test_the_pick_and_the_baseline_are_measured_again_on_fresh_engines(study_dir
     frame = pd.read_csv(study_dir / "trials.csv").set_index("trial")
     report = load_report(study_dir)
     again = frame[frame["role"] == "re-measure"]
-    assert len(again) == 2 and set(again["remeasure_of"]) == {0, report["remeasured"]["trial"]}
+    # The baseline and the pick; a pick that changes on the pooled numbers is measured again too.
+    assert 2 <= len(again) <= 4 and {0, report["remeasured"]["trial"]} <= set(again["remeasure_of"])
     assert (again["state"] == "COMPLETE").all() and again["correct"].all()
     first = frame.loc[report["remeasured"]["trial"]]
     assert first["superseded_by"] == report["best"]["trial"] == report["remeasured"]["by"]
     m = report["best"]["measurement"]
-    assert m["instances"] == 2 and m["windows"] == first["windows"] + again.loc[report["best"]["trial"], "windows"]
+    assert m["instances"] == 2 and m["windows"] == again.loc[report["best"]["trial"], "windows"] > first["windows"]
     assert report["baseline"]["measurement"]["instances"] == 2 and report["baseline"]["trial"] in again.index
-    lo, hi = report["remeasured"]["interval_fresh_engines"]
-    assert lo <= report["best"]["speedup"]["output_tok_s"] <= hi and report["remeasured"]["widening"] > 0
+    # The pick's interval is the pooled one, and best.json says what one engine alone gave.
+    s = report["best"]["speedup"]
+    assert report["remeasured"]["interval_fresh_engines"] == pytest.approx([s["output_tok_s_lo"], s["output_tok_s_hi"]])
+    assert len(report["remeasured"]["interval_one_engine"]) == 2 and report["remeasured"]["widening"] > 0
 
 
 def test_second_load_level_and_noisy_candidates_remeasured(study_dir):
@@ -94,11 +97,14 @@ def test_second_load_level_and_noisy_candidates_remeasured(study_dir):
     assert len(done) >= 3 and (done["output_tok_s@concurrency=4"] > 0).all()
     for e in [report["baseline"], *report["pareto"]]:
         m = e["measurement"]
+        n = m.get("instances", 1)  # the pick and the baseline: pooled over two fresh engines
         assert m["output_tok_s@concurrency=4"] > 0 and m["incomplete@concurrency=4"] == 0
-        assert 2 <= m["windows@concurrency=4"] <= 3  # its own windows, re-measured as the primary level's
-        # Two windows, and more (up to 3) only while the throughput spread stayed over 3%.
-        assert 2 <= m["windows"] <= 3 and (m["windows"] == 3 or not m["noisy"])
-        assert m["remeasured_windows"] == m["windows"] - 2
+        assert 2 * n <= m["windows@concurrency=4"] <= 3 * n  # its own windows, re-measured as the primary level's
+        # Two windows an engine, and more (up to 3) only while the throughput spread stayed over 3%.
+        assert 2 * n <= m["windows"] <= 3 * n
+        if n == 1:
+            assert m["windows"] == 3 or not m["noisy"]
+            assert m["remeasured_windows"] == m["windows"] - 2
         assert len(m["output_tok_s_windows"]) == m["windows"]
         # The bootstrap interval lies between the extreme window ratios.
         c, b = m["output_tok_s_windows"], report["baseline"]["measurement"]["output_tok_s_windows"]
@@ -114,8 +120,9 @@ def test_best_json_agrees_with_trials_csv(study_dir):
     assert row["label"] == best["label"] and bool(row["pareto"]) and bool(row["correct"])
     assert row["output_tok_s"] == pytest.approx(best["measurement"]["output_tok_s"])
     assert row["speedup_output_tok_s"] == pytest.approx(best["speedup"]["output_tok_s"])
-    # The pick is the fastest feasible Pareto trial.
-    feasible = frame[(frame["state"] == "COMPLETE") & frame["correct"].astype(bool)]
+    # The pick is the fastest feasible Pareto trial (each candidate by its current record: a first
+    # engine's record measured again on a fresh one is superseded by the pooled one).
+    feasible = frame[(frame["state"] == "COMPLETE") & frame["correct"].astype(bool) & frame["superseded_by"].isna()]
     assert best["measurement"]["output_tok_s"] == pytest.approx(feasible["output_tok_s"].max())
     assert report["vllm_version"] == _installed_vllm() and report["platform"]["platform"] == "cpu"
     assert best["engine_kwargs"]["model"] == str(demo.TARGET)
