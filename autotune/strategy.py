@@ -25,7 +25,7 @@ from typing import Any
 
 from autotune import attrs
 from autotune.candidate import Candidate
-from autotune.forecast import REPLAYED, SHAPE, AcceptanceTable, Forecast, Model, Observation, knobs
+from autotune.forecast import SHAPE, AcceptanceTable, Forecast, Model, Observation, knobs
 
 STRATEGIES = ("predict", "grid", "tpe", "random")
 NOISE_MIN = 0.02  # never chase a forecast gain under 2%, however tight the best's interval
@@ -187,7 +187,7 @@ def forecast_for(study: Any, space: Any, params: Mapping[str, Any], max_model_le
 
 def needs_trace(space: Any, settings: Any) -> bool:
     methods = next((p.choices for p in space.params if p.name == "method"), ())
-    return "draft_model" in methods and bool(settings.draft_model) and "draft_model" in REPLAYED
+    return "draft_model" in methods and bool(settings.draft_model)
 
 
 def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_dir: Path) -> None:
