@@ -35,10 +35,11 @@ class StudyConfig:
     seed: int = 0
     slos: tuple[SLO, ...] = ()  # constraints: a config that misses one is infeasible
     samples: int = 64  # draws per sampled request for the distribution test
-    sample_tokens: int = 3  # leading tokens that form one outcome of the test
+    sample_tokens: int = 24  # tokens a draw: the first three form one outcome, the rest are counted (stats)
     lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
     strategy: str = "predict"  # autotune.strategy.STRATEGIES: how the next candidate is chosen
     remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
+    schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.schedule; the CLI: on)
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
 
     @property

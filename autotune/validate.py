@@ -261,8 +261,8 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
         # Speculation must keep the sampler's distribution; lossy configs are judged by drift alone.
         if not lossy and flagged:
             dist_gap = tol.alpha - dist_p
-            reasons.append(f"sampled outputs differ in distribution from the baseline's (chi-square "
-                           f"p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
+            reasons.append(f"sampled outputs differ in distribution from the baseline's (distribution "
+                           f"test p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
     lp_gap, lp_note = 0.0, ""
     if drift is not None:
         detail, lp_note = _drift_note(drift)

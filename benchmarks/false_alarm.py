@@ -1,9 +1,11 @@
 """Benchmark: false-alarm rate and power of the two-sample test on the Markov-chain model.
 
-Uses the test the tool uses (autotune.stats.sampler_test: first token and first three tokens,
-Bonferroni). Prints, for several sample sizes, how often exact speculative sampling is flagged (false
-alarms, should be about alpha) and how often the broken variant that resamples from p after a
-rejection is caught (power), over many seeds:
+Uses the test the tool uses (autotune.stats.sampler_test) on 3-token draws, where it is the first
+token and the first three tokens jointly, Bonferroni (longer draws add a third feature for the
+later tokens; faults that start after the 3rd token: benchmarks/late_fault.py). Prints, for
+several sample sizes, how often exact speculative sampling is flagged (false alarms, should be
+about alpha) and how often the broken variant that resamples from p after a rejection is caught
+(power), over many seeds:
 
     .venv/bin/python benchmarks/false_alarm.py [--seeds 200] [--alpha 0.01]
 """
