@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 # Trial attributes.
-ROLE = "role"  # BASELINE, DEPLOYED, EXTRA_BASELINE or absent (a candidate)
+ROLE = "role"  # BASELINE, DEPLOYED, EXTRA_BASELINE, REMEASURE, DEPTH, SCHEDULE or absent (a candidate)
+SCHEDULE_RANGES = "schedule_ranges"  # a schedule trial's [first, last, k] ranges
 QUEUED = "queued"  # a baseline enqueued at the study's start (goes first among baselines)
 CANDIDATE = "candidate"  # the space parameters (autotune.candidate.Candidate.params)
 LABEL = "label"
@@ -37,6 +38,9 @@ BASELINE = "baseline"
 DEPLOYED = "deployed"  # the warm start's pick, re-measured in this run so `check` compares side by side
 REMEASURE = "re-measure"  # the pick or the baseline again, on a fresh engine; its record pools both
 EXTRA_BASELINE = "extra baseline"  # a baseline queued twice (two workers started at once)
+DEPTH = "depth"  # the pick's method at the depth the forecast says is best at another load level
+SCHEDULE = "schedule"  # the pick's method with a depth per batch size (autotune.schedule)
+OUTSIDE_BUDGET = (REMEASURE, DEPTH, SCHEDULE)  # roles measured on top of --trials
 
 # Study attributes.
 OBJECTIVES = "objectives"
@@ -51,6 +55,7 @@ LOSSY_MIN_GAIN = "lossy_min_gain"
 WARM_START = "warm_start"
 STRATEGY = "strategy"  # autotune.strategy.STRATEGIES
 STOPPED = "stopped"  # why the strategy stopped before the budget was used
+SCHEDULE_PLAN = "schedule"  # autotune.schedule: the planned ranges and what they rest on, or why none
 DRAFT_TRACE = "draft_trace"  # {"argmax": request id -> the draft's teacher-forced choices} or {"failure": ...}
 
 

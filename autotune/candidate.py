@@ -14,7 +14,7 @@ METHODS = ("none", *SPEC_METHODS)
 # Keys a search space may set, by where they go in vLLM's arguments.
 SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
-             "suffix_decoding_min_token_prob")
+             "suffix_decoding_min_token_prob", "num_speculative_tokens_per_batch_size")
 ENGINE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "enforce_eager", "max_num_seqs",
                "max_num_batched_tokens")
 COMPILATION_KEYS = ("cudagraph_mode",)
@@ -95,6 +95,12 @@ def model_is_moe(model: str) -> bool:
     return _has(model, _MOE_KEYS)
 
 
+def schedule_text(ranges: list[list[int]]) -> str:
+    """A depth schedule in one word: ``[[1, 2, 4], [3, 256, 1]]`` -> ``4@1-2,1@3+``."""
+    last = max(r[1] for r in ranges)
+    return ",".join(f"{k}@{a}" + ("+" if b == last else "" if a == b else f"-{b}") for a, b, k in ranges)
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One point of the search space: plain parameter values, keyed as in the space YAML."""
@@ -114,7 +120,9 @@ class Candidate:
     def label(self) -> str:
         """Short human name, e.g. ``ngram k=4 lookup=2..4 kv=fp8 eager``."""
         p, parts = self.params, [self.method]
-        if "num_speculative_tokens" in p:
+        if p.get("num_speculative_tokens_per_batch_size"):
+            parts.append("k=" + schedule_text(p["num_speculative_tokens_per_batch_size"]))
+        elif "num_speculative_tokens" in p:
             parts.append(f"k={p['num_speculative_tokens']}")
         if "prompt_lookup_max" in p:
             parts.append(f"lookup={p.get('prompt_lookup_min', 1)}..{p['prompt_lookup_max']}")

@@ -177,6 +177,10 @@ def search(
                                             "baseline once more, each on a fresh engine, and pool the windows, so "
                                             "the pick's interval includes the spread between engine instances "
                                             "(two trials on top of --trials).")] = True,
+    schedule: Annotated[bool, typer.Option("--schedule/--no-schedule", help="With two or more concurrency "
+                                           "levels (--levels, or METRIC@LEVEL objectives): measure the pick's "
+                                           "method at each level's best depth and then a depth per batch size "
+                                           "(on top of --trials).")] = True,
     study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
                                                    envvar="AUTOTUNE_STORAGE")] = None,
@@ -188,7 +192,15 @@ def search(
     concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (closed loop); "
                                                        "shorthand for --load concurrency=N.")] = 1,
     load: Annotated[Optional[str], typer.Option(help="Load pattern: concurrency=N, batch, poisson=RATE (req/s), "
-                                                     "or replay (the workload's arrival_s).")] = None,
+                                                     "replay (the workload's arrival_s) or ramp=N (in flight "
+                                                     "rising from 1 to N and back).")] = None,
+    levels: Annotated[Optional[str], typer.Option(help="Concurrency levels the service will see, e.g. 1,8: every "
+                                                       "trial is measured at each (the first is the study's own "
+                                                       "load) and under a ramp between them; the pick's method "
+                                                       "then gets a depth per batch size "
+                                                       "(num_speculative_tokens_per_batch_size), kept only if it "
+                                                       "is within the noise of the best fixed depth at every "
+                                                       "level and under the ramp.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Measured windows per trial (median and MAD reported).")] = 2,
     max_repeats: Annotated[int, typer.Option(min=0, help="Re-measure a candidate whose throughput spread (MAD) is "
                                                         "over 3%, up to this many windows in all (0: never).")] = 4,
@@ -215,6 +227,9 @@ def search(
                                                        "(\"unverified\") be the pick.")] = False,
     samples: Annotated[int, typer.Option(min=0, help="Draws per sampled request for the distribution test "
                                                     "against the baseline (0: skip the test).")] = 64,
+    sample_tokens: Annotated[int, typer.Option(min=1, help="Tokens per draw: the test compares the first token, "
+                                                          "the first three jointly and the later tokens and "
+                                                          "token pairs, so a fault that starts late is seen.")] = 24,
     seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue an existing study of the same name.")] = False,
     warm_start: Annotated[Optional[Path], typer.Option(
@@ -242,13 +257,14 @@ def search(
     opts = SearchOptions(workload=workload, model=model, draft_model=draft_model, eagle_head=eagle_head,
                          eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
                          turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
-                         strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure,
+                         strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, schedule=schedule,
                          study=study, storage=storage, results=results, objectives=objectives,
-                         concurrency=concurrency, load=load, repeats=repeats, max_repeats=max_repeats, slo=slo,
+                         concurrency=concurrency, load=load, levels=levels, repeats=repeats, max_repeats=max_repeats, slo=slo,
                          warmup=warmup, trial_timeout=trial_timeout, max_model_len=max_model_len, dtype=dtype,
                          gpu_memory_utilization=gpu_memory_utilization, max_drift=max_drift,
                          lossless_tolerance=lossless_tolerance, max_logprob_drift=max_logprob_drift,
-                         lossy_min_gain=lossy_min_gain, allow_unverified=allow_unverified, samples=samples, seed=seed, resume=resume,
+                         lossy_min_gain=lossy_min_gain, allow_unverified=allow_unverified, samples=samples,
+                         sample_tokens=sample_tokens, seed=seed, resume=resume,
                          warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
                          workers=workers, json=json_)
     say = err if json_ else console  # --json: stdout carries the JSON only

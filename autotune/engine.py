@@ -160,6 +160,10 @@ async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], l
     """
     from autotune.load import send_offsets
 
+    from autotune.load import ramp_limits
+
+    if load.get("kind") == "ramp":
+        return await _ramp(engine, reqs, prompts, ramp_limits(len(reqs), load["concurrency"]), on_done, fault)
     offsets = send_offsets(load, len(reqs), [r.get("arrival_s") for r in reqs])
     sem = asyncio.Semaphore(load.get("concurrency", 1) if offsets is None else max(1, len(reqs)))
     t0 = time.perf_counter()
@@ -178,14 +182,42 @@ async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], l
     return [rec for recs in await asyncio.gather(*(run(i) for i in range(len(reqs)))) for rec in recs]
 
 
+async def _ramp(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], limits: list[int],
+                on_done: Callable[[int], None], fault: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A closed loop whose in-flight limit changes per request (``limits``, autotune.load.ramp_limits):
+    request i is sent, in order, once fewer than ``limits[i]`` requests are in flight."""
+    room = asyncio.Condition()
+    in_flight, done = 0, 0
+
+    async def run(i: int) -> list[dict[str, Any]]:
+        nonlocal in_flight, done
+        try:
+            return await _request(engine, reqs[i], prompts[i], fault)
+        finally:
+            async with room:
+                in_flight -= 1
+                done += 1
+                room.notify_all()
+            on_done(done)
+
+    tasks = []
+    for i, limit in enumerate(limits):
+        async with room:
+            await room.wait_for(lambda limit=limit: in_flight < limit)
+            in_flight += 1
+        tasks.append(asyncio.create_task(run(i)))
+    return [rec for recs in await asyncio.gather(*tasks) for rec in recs]
+
+
 async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], replay: dict[str, Any],
                    fault: dict[str, Any] | None, phase: Phase) -> dict[str, list[list[int]]]:
     """After the measured window: draw ``samples`` short samples of every sampled request.
 
-    Their first ``sample_tokens`` tokens feed the distribution test against the baseline.
+    Their ``sample_tokens`` tokens feed the distribution test against the baseline (autotune.stats:
+    the first token, the first three jointly, the later tokens and token pairs).
     Seeds are fixed per draw, so a run is reproducible.
     """
-    n, length = replay.get("samples", 0), replay.get("sample_tokens", 3)
+    n, length = replay.get("samples", 0), replay.get("sample_tokens", 24)
     picked = [(r, p) for r, p in zip(reqs, prompts) if r["sampling"].get("temperature", 0) > 0]
     if not n or not picked:
         return {}

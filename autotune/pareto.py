@@ -50,13 +50,20 @@ def reference_trial(study: optuna.Study) -> FrozenTrial | None:
     return latest(study, baseline_trial(study))
 
 
-def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
+def is_schedule(t: FrozenTrial) -> bool:
+    """A depth schedule's trial (autotune.schedule), or its re-measurement."""
+    return "num_speculative_tokens_per_batch_size" in attrs.candidate(t)
+
+
+def pareto_trials(study: optuna.Study, *, schedules: bool = True) -> list[FrozenTrial]:
     """Optuna's Pareto front over feasible trials only (a wrong config is never on it); a trial
-    measured again on a fresh engine is there as its pooled re-measurement."""
+    measured again on a fresh engine is there as its pooled re-measurement. ``schedules=False``:
+    the front of fixed-depth configs (a schedule is the pick only by autotune.schedule's checks)."""
     from autotune.optuna_private import pareto_front
 
     old = superseded(study)
-    current = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.number not in old]
+    current = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+               if t.number not in old and (schedules or not is_schedule(t))]
     return sorted((t for t in pareto_front(study, current) if feasible(t)), key=lambda t: t.number)
 
 
@@ -92,7 +99,7 @@ def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choic
     (default: the study's ``lossy_min_gain`` attribute, else LOSSY_MIN_GAIN). Otherwise that lossless
     trial is the pick; the Pareto front still shows both.
     """
-    front = pareto_trials(study)
+    front = pareto_trials(study, schedules=False)
     if not front:
         return None
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
@@ -101,7 +108,8 @@ def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choic
     best = max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs))
     old = superseded(study)
     lossless = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy and t.number not in old]
+                if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy and t.number not in old
+                and not is_schedule(t)]
     if not Candidate(best.user_attrs[attrs.CANDIDATE]).lossy or not lossless:
         return Choice(best)
     rival = max(lossless, key=lambda t: sign * t.values[0])

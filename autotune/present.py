@@ -131,9 +131,21 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
                       highlight=False, soft_wrap=True)
         if report.get("lossless_first"):
             say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)
+        if report.get("schedule"):
+            say.print(schedule_line(report["schedule"]), highlight=False, soft_wrap=True)
         say.print(f"serve it: {out / 'serve.sh'}", highlight=False)
     say.print(f"results: {out}/ (trials.csv, trials.parquet, pareto.csv, best.json, serve.sh, report.md); "
               f"plots: autotune report {out}", highlight=False)
+
+
+def schedule_line(s: dict[str, Any]) -> str:
+    """best.json's ``schedule`` in one line: the ranges, the outcome, and why."""
+    from autotune.candidate import schedule_text
+
+    ranges = f" k={schedule_text(s['ranges'])}" if s.get("ranges") else ""
+    checks = "; ".join(f"{c['level']} {c['ratio']:.2f}x [{c['lo']:.2f}-{c['hi']:.2f}] of {c['fixed']}"
+                       for c in s.get("checks") or [])
+    return f"depth schedule{ranges}: {s['status']}: {s['why']}" + (f" ({checks})" if checks else "")
 
 
 def _dist_text(d: dict[str, float]) -> str:

@@ -89,7 +89,11 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
     from autotune.pareto import choose, deployed_trial, pareto_trials, reference_trial
     from autotune.storage import redact
 
+    from autotune.schedule import scheduled_trial, verdict
+
     choice, base, deployed = choose(study), reference_trial(study), deployed_trial(study)
+    # A depth schedule that held at every level is the pick; the fixed-depth choice is kept beside it.
+    pick = scheduled_trial(study) or (choice.trial if choice else None)
     ua = study.user_attrs
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
@@ -101,12 +105,14 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         "vllm_version": (base.user_attrs.get(attrs.VLLM_VERSION) if base else None) or platform.get("vllm"),
         "trials": {"finished": int(len(frame)), "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0},
         "baseline": _entry(base, base, settings) if base else None,
-        "best": _entry(choice.trial, base, settings) if choice else None,
+        "best": _entry(pick, base, settings) if pick else None,
         "pareto": [_entry(t, base, settings) for t in pareto_trials(study)],
         # A warm start's pick, re-measured in this run: `autotune check` compares the new pick with it.
         "deployed": _entry(deployed, base, settings) if deployed else None,
         "lossless_first": _lossless_first(choice),
-        "remeasured": _remeasured(study, choice.trial if choice else None, base),
+        "remeasured": _remeasured(study, pick, base),
+        # Two or more load levels: the depth per batch size, its checks, and whether it is the pick.
+        "schedule": verdict(study),
         "warm_start": ua.get(attrs.WARM_START),
         # How candidates were chosen, and why the strategy stopped before the budget (if it did).
         "strategy": {"name": ua.get(attrs.STRATEGY), "stopped": ua.get(attrs.STOPPED),
@@ -193,6 +199,10 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
                   "```", report.get("serve_command", ""), "```", ""]
     else:
         lines += ["**No feasible configuration was found.**", ""]
+    if report.get("schedule"):
+        from autotune.present import schedule_line
+
+        lines += [f"**{schedule_line(report['schedule'])}**", ""]
     cols = [c for c in ("trial", "label", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s",
                         "acceptance_rate", "correct", "status", "pareto", "failure") if c in frame.columns]
     if len(frame):

@@ -38,12 +38,14 @@ class SearchOptions:
     trials: int = 8
     strategy: str = "predict"
     remeasure: bool = True
+    schedule: bool = True
     study: str | None = None
     storage: str | None = None
     results: Path = Path("results")
     objectives: str = "output_tok_s,e2e_ms_p50"
     concurrency: int = 1
     load: str | None = None
+    levels: str | None = None
     repeats: int = 2
     max_repeats: int = 4
     slo: str | None = None
@@ -58,6 +60,7 @@ class SearchOptions:
     lossy_min_gain: float = 0.03
     allow_unverified: bool = False
     samples: int = 64
+    sample_tokens: int = 24
     seed: int = 0
     resume: bool = False
     warm_start: Path | None = None
@@ -101,7 +104,7 @@ def prepare(o: SearchOptions) -> Prepared:
     from autotune import devices, hardware
     from autotune.config import StudyConfig
     from autotune.context import fit_model
-    from autotune.load import parse_load
+    from autotune.load import level_loads, parse_levels, parse_load
     from autotune.objectives import normalize_objectives, validate_objectives
     from autotune.slo import parse_slos
     from autotune.space import load_space
@@ -109,13 +112,17 @@ def prepare(o: SearchOptions) -> Prepared:
     from autotune.workload import load_workload
 
     wl = load_workload(o.workload, format=o.format, output_len=o.output_len, turns=o.turns)
-    load = parse_load(o.load or f"concurrency={o.concurrency}", seed=o.seed)
+    levels = parse_levels(o.levels) if o.levels else ()
+    if levels and (o.load or o.concurrency != 1):
+        raise BadInput("--levels: its first level is the study's own load; leave out --load and --concurrency")
+    load = parse_load(o.load or f"concurrency={levels[0] if levels else o.concurrency}", seed=o.seed)
     if load.kind == "replay" and any(r.arrival_s is None for r in wl.requests):
         missing = next(r.id for r in wl.requests if r.arrival_s is None)
         raise BadInput(f"--load replay: request {missing!r} of {wl.path} has no 'arrival_s' to replay")
     objectives = tuple(x.strip() for x in o.objectives.split(",") if x.strip())
     validate_objectives(objectives)
     objectives, extra_loads = normalize_objectives(objectives, load)
+    extra_loads = level_loads(levels, load, extra_loads)
     platform = hardware.detect()
     settings = _settings(o, platform)
     sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
@@ -126,8 +133,9 @@ def prepare(o: SearchOptions) -> Prepared:
     cfg = StudyConfig(name=name, results_dir=o.results / name, settings=settings, objectives=objectives,
                       n_trials=o.trials, storage=o.storage, load=load, extra_loads=extra_loads, repeats=o.repeats,
                       max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
-                      trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, lossy_min_gain=o.lossy_min_gain,
-                      strategy=o.strategy, remeasure=o.remeasure,
+                      trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
+                      lossy_min_gain=o.lossy_min_gain,
+                      strategy=o.strategy, remeasure=o.remeasure, schedule=o.schedule,
                       tolerances=Tolerances(lossless=o.lossless_tolerance, max_drift=o.max_drift,
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),

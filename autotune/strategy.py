@@ -125,9 +125,12 @@ _tables: dict[tuple[str, int, bool], AcceptanceTable] = {}
 _lock = threading.Lock()
 
 
-def study_model(study: Any, space: Any, max_model_len: int | None) -> tuple[Model, list[Observation],
-                                                                            list[dict[str, Any]]] | None:
-    """The calibrated model of a study with a baseline, its observations and its failed candidates."""
+def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str | None = None
+                ) -> tuple[Model, list[Observation], list[dict[str, Any]]] | None:
+    """The calibrated model of a study with a baseline, its observations and its failed candidates.
+
+    ``level``: another load level the trials were measured at (``concurrency=8``): the same replayed
+    acceptance, the step cost fitted on the throughput measured there (autotune.schedule)."""
     from optuna.trial import TrialState
 
     from autotune.metrics import ratio_interval
@@ -145,6 +148,7 @@ def study_model(study: Any, space: Any, max_model_len: int | None) -> tuple[Mode
             _tables[key] = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"),
                                            max_model_len or 1 << 30)
         table = _tables[key]
+    at = "" if level is None else f"@{level}"
     bm = attrs.measurement(ref)
     observations, failed = [Observation(attrs.candidate(base), 1.0, 1.0, 1.0)], []
     for t in study.get_trials(deepcopy=False):
@@ -155,11 +159,14 @@ def study_model(study: Any, space: Any, max_model_len: int | None) -> tuple[Mode
             failed.append(attrs.candidate(t))
         elif t.state == TrialState.COMPLETE:
             m = attrs.measurement(t)
-            s = m["output_tok_s"] / bm["output_tok_s"] if bm.get("output_tok_s") else float("nan")
-            lo, hi = ratio_interval(m.get("output_tok_s_windows", []), bm.get("output_tok_s_windows", []))
+            c = attrs.candidate(t)
+            if m.get("output_tok_s" + at) is None or "num_speculative_tokens_per_batch_size" in c:
+                continue  # not measured at this level; a schedule is no fixed depth
+            s = m["output_tok_s" + at] / bm["output_tok_s" + at] if bm.get("output_tok_s" + at) else float("nan")
+            lo, hi = ratio_interval(m.get("output_tok_s_windows" + at, []), bm.get("output_tok_s_windows" + at, []))
             if math.isfinite(s):
-                observations.append(Observation(attrs.candidate(t), s, lo, hi, feasible(t)))
-    share = bm.get("ttft_ms_mean", 0.0) / bm["e2e_ms_mean"] if bm.get("e2e_ms_mean") else 0.0
+                observations.append(Observation(c, s, lo, hi, feasible(t)))
+    share = bm.get("ttft_ms_mean" + at, 0.0) / bm["e2e_ms_mean" + at] if bm.get("e2e_ms_mean" + at) else 0.0
     return Model(table, observations, attrs.candidate(base), share), observations, failed
 
 

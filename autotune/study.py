@@ -32,6 +32,8 @@ from autotune.metrics import pool
 from autotune.objectives import validate_objectives
 from autotune.optuna_private import heartbeat, set_trial_attr, stale_trial_ids, storage_of, trial_id
 from autotune.space import SearchSpace
+from autotune.schedule import SCHEDULE_KEY, scheduled_trial
+from autotune.schedule import next_step as schedule_step
 from autotune.strategy import forecast_for, needs_trace, plan, trace_draft
 from autotune.storage import dead_here, has_heartbeat, open_storage, worker_id
 from autotune.worker import TrialOutcome, run_trial
@@ -94,8 +96,9 @@ def _counts(t: FrozenTrial) -> bool:
 
 
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
-    """The trials that used the --trials budget (fresh-engine re-measurements do not)."""
-    return [t for t in study.get_trials(deepcopy=False) if _counts(t) and attrs.role(t) != attrs.REMEASURE]
+    """The trials that used the --trials budget (fresh-engine re-measurements and a depth schedule's
+    measurements do not)."""
+    return [t for t in study.get_trials(deepcopy=False) if _counts(t) and attrs.role(t) not in attrs.OUTSIDE_BUDGET]
 
 
 def _running(study: optuna.Study) -> list[FrozenTrial]:
@@ -178,9 +181,9 @@ def _enqueue(study: optuna.Study, space: SearchSpace, enqueue: list[dict[str, An
         # First in line (not skip_if_exists: an interrupted baseline must run again).
         study.enqueue_trial(space.baseline_trial_params(), user_attrs={attrs.ROLE: BASELINE, attrs.QUEUED: True})
     if deployed is not None and not any(attrs.role(t) == DEPLOYED for t in study.get_trials(deepcopy=False)):
-        study.enqueue_trial(deployed, user_attrs={attrs.ROLE: DEPLOYED})
+        study.enqueue_trial(_optuna_params(deployed), user_attrs={attrs.ROLE: DEPLOYED, **_ranges_attr(deployed)})
     for params in enqueue:
-        study.enqueue_trial(params, skip_if_exists=True)
+        study.enqueue_trial(_optuna_params(params), user_attrs=_ranges_attr(params) or None, skip_if_exists=True)
 
 
 def _threads(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
@@ -227,9 +230,10 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         if _fail_stale(study):
             _retry_interrupted(study)
         running = _running(study)
-        if len(_finished(study)) + len([t for t in running if attrs.role(t) != attrs.REMEASURE]) >= cfg.n_trials:
-            # The budget is used; fresh-engine re-measurements come on top of it.
-            if not cfg.remeasure or not (_queue_remeasure(study) or _remeasures_waiting(study)):
+        if len(_finished(study)) + len([t for t in running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]) \
+                >= cfg.n_trials:
+            # The budget is used; a depth schedule and fresh-engine re-measurements come on top of it.
+            if not _extra_work(study, space, cfg):
                 return
         base = baseline_trial(study)
         if base is None and any(t.user_attrs.get(attrs.ROLE) == BASELINE for t in running):
@@ -241,7 +245,7 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             step = plan(study, space, cfg.strategy, cfg.settings.max_model_len)
             if step.stop:
                 study.set_user_attr(attrs.STOPPED, step.why)
-                if cfg.remeasure and _queue_remeasure(study):
+                if _extra_work(study, space, cfg):
                     continue
                 return
             if step.params is not None:
@@ -258,6 +262,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         elif trial.user_attrs.get(attrs.ROLE) == BASELINE:  # queued twice (two workers started at once)
             trial.set_user_attr(attrs.ROLE, attrs.EXTRA_BASELINE)
         cand = space.baseline_candidate() if is_base else space.suggest(trial)
+        if attrs.SCHEDULE_RANGES in trial.user_attrs:  # not an Optuna parameter: a list
+            cand = Candidate({**cand.params, SCHEDULE_KEY: trial.user_attrs[attrs.SCHEDULE_RANGES]})
         trial.set_user_attr(attrs.CANDIDATE, cand.params)
         trial.set_user_attr(attrs.LABEL, cand.label)
         dup = None if attrs.role(trial) == attrs.REMEASURE else _duplicate(study, cand, trial.number, is_base)
@@ -274,6 +280,31 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
 MAX_REMEASURES = 4  # fresh-engine re-measurements a study makes at most (the pick may change after one)
 
 
+def _extra_work(study: optuna.Study, space: SearchSpace, cfg: StudyConfig) -> bool:
+    """Queue what comes on top of --trials: a depth schedule's measurements (two or more load
+    levels), then the fresh-engine re-measurements. True while any is queued."""
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if waiting and all(attrs.role(t) in attrs.OUTSIDE_BUDGET for t in waiting):
+        return True
+    step = schedule_step(study, space, cfg.settings.max_model_len) if cfg.schedule else None
+    if step is not None:
+        params = {**step["params"], SCHEDULE_KEY: step["ranges"]} if "ranges" in step else step["params"]
+        study.enqueue_trial(_optuna_params(params),
+                            user_attrs={attrs.ROLE: step["role"], attrs.PLANNED: step["why"], **_ranges_attr(params)})
+        return True
+    return cfg.remeasure and _queue_remeasure(study)
+
+
+def _optuna_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters Optuna asks for (a schedule's ranges are not one of them)."""
+    return {k: v for k, v in params.items() if k != SCHEDULE_KEY}
+
+
+def _ranges_attr(params: dict[str, Any]) -> dict[str, Any]:
+    """A queued config's depth schedule, kept as a trial attribute (the worker adds it back)."""
+    return {attrs.SCHEDULE_RANGES: params[SCHEDULE_KEY]} if params.get(SCHEDULE_KEY) else {}
+
+
 def _queue_remeasure(study: optuna.Study) -> bool:
     """Queue the pick and the baseline once more, each on a fresh engine, unless done: their pooled
     windows make the pick's interval include the spread between engine instances. True if queued."""
@@ -287,18 +318,20 @@ def _queue_remeasure(study: optuna.Study) -> bool:
     choice, base = choose(study), baseline_trial(study)
     if choice is None or base is None or attrs.role(choice.trial) == BASELINE:
         return False
-    pick = choice.trial.user_attrs.get(attrs.REMEASURE_OF, choice.trial.number)
+    chosen = scheduled_trial(study) or choice.trial  # a recommended depth schedule is the pick
+    pick = chosen.user_attrs.get(attrs.REMEASURE_OF, chosen.number)
     done = {t.user_attrs.get(attrs.REMEASURE_OF) for t in again}
     sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
     pooled = [t for t in again
               if t.state == TrialState.COMPLETE and t.user_attrs.get(attrs.REMEASURE_OF) != base.number]
-    if pooled and all(sign * choice.trial.values[0] <= sign * t.values[0] for t in pooled):
+    if pooled and all(sign * chosen.values[0] <= sign * t.values[0] for t in pooled):
         return False  # a pooled pick stands unless another beats it outright (not a tie)
     queued = False
     for n in (base.number, pick):
         if n not in done:
             params = attrs.candidate(next(t for t in trials if t.number == n))  # the baseline has no Optuna params
-            study.enqueue_trial(params, user_attrs={attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: n})
+            study.enqueue_trial(_optuna_params(params),
+                                user_attrs={attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: n, **_ranges_attr(params)})
             queued = True
     return queued
 
@@ -373,7 +406,8 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
     n = trial.number
     progress.trial_started(n, cand.label)
     reference = None if is_base else _reference(study)
-    forecast = None if is_base else forecast_for(study, space, cand.params, cfg.settings.max_model_len)
+    forecast = None if is_base or SCHEDULE_KEY in cand.params else \
+        forecast_for(study, space, cand.params, cfg.settings.max_model_len)
     if forecast is not None:  # what the model expected, before the measurement can tell it
         trial.set_user_attr(attrs.PREDICTED, forecast.to_dict())
     job = trial_job(cand, workload, cfg, reference)

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from autotune.engine import converse
+from autotune.load import ramp_limits
 
 
 def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
@@ -39,12 +40,18 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     if q == "die":
         os.kill(os.getpid(), signal.SIGKILL)
     spec = kw.get("speculative_config") or {}
-    burst = 1 + int(spec.get("num_speculative_tokens", 0))
+    depth = _depth(spec)
     drift = kw.get("kv_cache_dtype") == "fp8"
-    window = _window(job, burst, drift, phase, step=0.01)
-    # Higher load levels: speculation loses (each burst costs more than the tokens it saves).
-    levels = {lvl["label"]: [_window(job, burst, drift, phase, step=0.01 if burst == 1 else 0.012 * burst)]
-              * job["replay"].get("repeats", 1) for lvl in job["replay"].get("extra_loads", [])}
+    n = len(job["requests"])
+    window = _window(job, lambda i: (1 + depth(1), 0.01), drift, phase)
+    # Other load levels: a step of depth k in a batch of c costs 1 + 0.15 c k baseline steps, so deep
+    # speculation wins alone and loses at 8 in flight (as real speculation does under load). A ramp
+    # sends request i at the batch size its in-flight limit allows.
+    levels = {}
+    for lvl in job["replay"].get("extra_loads", []):
+        batch = ramp_limits(n, lvl["concurrency"]) if lvl["kind"] == "ramp" else [lvl.get("concurrency", 1)] * n
+        cost = (lambda i, b=batch: (1 + depth(b[i]), 0.01 * (1 + 0.15 * b[i] * depth(b[i]))))
+        levels[lvl["label"]] = [_window(job, cost, drift, phase)] * job["replay"].get("repeats", 1)
     samples = {r["id"]: [[1, 2, 3]] * job["replay"].get("samples", 0)
                for r in job["requests"] if r["sampling"].get("temperature", 0) > 0}
     return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": [window] * job["replay"].get("repeats", 1),
@@ -52,14 +59,28 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
             "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}}
 
 
-def _window(job: dict[str, Any], burst: int, drift: bool, phase: Any, step: float) -> dict[str, Any]:
+def _depth(spec: dict[str, Any]) -> Any:
+    """Batch size -> speculative depth, as vLLM's schedule lookup gives it when the config has one."""
+    k = int(spec.get("num_speculative_tokens", 0))
+    schedule = spec.get("num_speculative_tokens_per_batch_size")
+    if not schedule:
+        return lambda batch: k
+    def lookup(batch: int) -> int:  # vLLM's rule: the range that holds it, else the last before it; at most k
+        return min(k, [d for first, _, d in sorted(schedule) if first <= batch][-1])
+    return lookup
+
+
+def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any) -> dict[str, Any]:
+    """One window; ``cost(i)``: request i's (tokens a step, seconds a step) when every draft is accepted."""
     phase("measure", {"total": len(job["requests"])})
     recs, t = [], 0.0
     no_accept = set(filter(None, os.environ.get("AUTOTUNE_FAKE_NO_ACCEPT", "").split(",")))
+    burst = max(cost(i)[0] for i in range(len(job["requests"]))) if job["requests"] else 1
 
     def record(i: int, req: dict[str, Any], prompt_chars: int = 10, offset: int = 0) -> dict[str, Any]:
         nonlocal t
-        b, dt = (1, step * 1.2) if burst > 1 and req.get("category") in no_accept else (burst, step)
+        b, step = cost(i)
+        b, dt = (1, step * 1.2) if b > 1 and req.get("category") in no_accept else (b, step)
         n = req["sampling"]["max_tokens"]
         tokens = [(7 * i + j + offset) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
         start, chunks = t, []

@@ -1,0 +1,282 @@
+"""A speculative depth per batch size: vLLM's ``num_speculative_tokens_per_batch_size``.
+
+Speculation's gain falls as more requests share a step, and the best depth falls with it. With
+two or more load levels (``--levels 1,8``), every trial is measured at each level on its own
+engine (and under a ramp from 1 to the top level and back). For the pick's family (the pick with
+only its depth free, the baseline as depth 0), the study then
+
+1. measures the depth the per-level forecast says is best at each level, if not measured yet
+   (autotune.strategy.study_model at that level: the replayed acceptance is the same at every
+   level, the step cost is fitted on what was measured there);
+2. takes, per level, the best measured depth, a tie (within the measured noise) going to the
+   smaller depth and 0 (no speculation) allowed; one range per level, split at the geometric
+   middle between levels;
+3. measures that schedule as one more candidate (role "schedule") and keeps it only if it is
+   within the noise of the best fixed depth at every level and under the ramp; else the best
+   fixed config stays the pick, and best.json says why.
+
+The pure part (``best_depths``, ``ranges``, ``judge``) reads plain measurements; the rest reads a
+live study.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune import attrs
+from autotune.metrics import ratio_interval
+
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+TOP_BATCH = 256  # the last range's end; vLLM carries the last depth on past it anyway
+METRIC = "output_tok_s"
+
+
+def key_at(metric: str, level: str, primary: str) -> str:
+    """A measurement key at a load level: the study's own level has the plain names."""
+    return metric if level == primary else f"{metric}@{level}"
+
+
+def batch_of(level: str) -> int | None:
+    """The batch size a level label stands for (``concurrency=8`` -> 8); None for other patterns."""
+    kind, _, arg = level.partition("=")
+    return int(arg) if kind == "concurrency" and arg.isdigit() else None
+
+
+@dataclass(frozen=True)
+class LevelPick:
+    """The depth chosen at one level, and the best one it tied with."""
+
+    level: str
+    batch: int
+    k: int
+    tok_s: float
+    best_k: int
+    best_tok_s: float
+
+
+def best_depths(family: Mapping[int, Mapping[str, Any]], levels: Sequence[str], primary: str,
+                noise: float) -> list[LevelPick]:
+    """Per concurrency level, the smallest depth whose throughput is within ``noise`` of the best
+    measured there (depth 0: the baseline). Levels no depth was measured at are left out."""
+    out = []
+    for level in levels:
+        batch = batch_of(level)
+        key = key_at(METRIC, level, primary)
+        got = {k: m[key] for k, m in family.items() if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])}
+        if batch is None or not got:
+            continue
+        best_k = max(got, key=lambda k: (got[k], -k))
+        k = min(k for k, v in got.items() if v >= got[best_k] * (1 - noise))
+        out.append(LevelPick(level, batch, k, got[k], best_k, got[best_k]))
+    return sorted(out, key=lambda p: p.batch)
+
+
+def ranges(picks: Sequence[LevelPick], top: int = TOP_BATCH) -> list[list[int]]:
+    """vLLM's ``[first, last, k]`` ranges from per-level depths: each level owns the batch sizes up to
+    the geometric middle between it and the next level; equal neighbours merge; the first starts at 1."""
+    out: list[list[int]] = []
+    start = 1
+    for i, p in enumerate(picks):
+        end = top if i == len(picks) - 1 else max(p.batch, min(picks[i + 1].batch - 1,
+                                                                  math.isqrt(p.batch * picks[i + 1].batch)))
+        end = max(end, start)
+        if out and out[-1][2] == p.k:
+            out[-1][1] = end
+        else:
+            out.append([start, end, p.k])
+        start = end + 1
+    return out
+
+
+@dataclass(frozen=True)
+class LevelCheck:
+    """The schedule against the best fixed depth at one level (or under the ramp)."""
+
+    level: str
+    fixed: str  # label of the best fixed-depth config there
+    schedule_tok_s: float
+    fixed_tok_s: float
+    ratio: float
+    lo: float
+    hi: float
+    ok: bool
+
+
+def judge(schedule: Mapping[str, Any], fixed: Mapping[str, tuple[str, Mapping[str, Any]]], primary: str,
+          noise: float) -> list[LevelCheck]:
+    """The schedule's throughput over the best fixed config's at each level (``fixed``: level ->
+    (label, measurement)), with the 95% bootstrap interval over windows. It holds at a level when
+    it is not worse by more than the noise: its ratio is at least 1 - ``noise``, or the interval
+    reaches 1."""
+    out = []
+    for level, (label, m) in fixed.items():
+        key = key_at(METRIC, level, primary)
+        a, b = schedule.get(key), m.get(key)
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not b:
+            continue
+        wkey = key_at(f"{METRIC}_windows", level, primary)
+        lo, hi = ratio_interval(schedule.get(wkey, []), m.get(wkey, []))
+        r = a / b
+        out.append(LevelCheck(level, label, a, b, r, lo, hi, r >= 1 - noise or (hi == hi and hi >= 1)))
+    return out
+
+
+# --- a live study ---------------------------------------------------------------------------
+
+def levels_of(study: Any) -> list[str]:
+    return list(study.user_attrs.get(attrs.LEVELS) or [])
+
+
+def schedulable(study: Any) -> bool:
+    """Two or more concurrency levels: a schedule has something to choose between."""
+    return sum(batch_of(x) is not None for x in levels_of(study)) >= 2
+
+
+def _family(study: Any, pick_params: Mapping[str, Any]) -> dict[int, Any]:
+    """Depth -> the current record of each measured member of the pick's family (the baseline: 0)."""
+    from optuna.trial import TrialState
+
+    from autotune.pareto import feasible, reference_trial, superseded
+
+    rest = {k: v for k, v in pick_params.items() if k not in ("num_speculative_tokens", SCHEDULE_KEY)}
+    old, out = superseded(study), {}
+    ref = reference_trial(study)
+    if ref is not None:
+        out[0] = ref
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        c = attrs.candidate(t)
+        if t.number in old or not feasible(t) or SCHEDULE_KEY in c or attrs.role(t) == attrs.BASELINE:
+            continue
+        if {k: v for k, v in c.items() if k != "num_speculative_tokens"} == rest and c.get("num_speculative_tokens"):
+            k = int(c["num_speculative_tokens"])
+            if k not in out or attrs.REMEASURE_OF in t.user_attrs:
+                out[k] = t
+    return out
+
+
+def _noise(study: Any, space: Any, max_model_len: int | None, level: str | None) -> float:
+    from autotune.forecast import FLOOR
+    from autotune.strategy import study_model
+
+    got = study_model(study, space, max_model_len, level=level)
+    return max(FLOOR, got[0].noise) if got else FLOOR
+
+
+def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, Any] | None:
+    """What the schedule needs measured next: ``{"params", "role", "why", "ranges"?}``, or None when
+    nothing (no levels, a pick no replay covers, or done). Records the outcome in the study."""
+    from optuna.trial import TrialState
+
+    from autotune.forecast import REPLAYED
+    from autotune.pareto import choose
+    from autotune.strategy import study_model
+
+    if not schedulable(study):
+        return None
+    trials = study.get_trials(deepcopy=False)
+    if any(attrs.role(t) in (attrs.SCHEDULE, attrs.DEPTH) and t.state in (TrialState.WAITING, TrialState.RUNNING)
+           for t in trials):
+        return None
+    if any(attrs.role(t) == attrs.SCHEDULE and not attrs.is_interrupted(t) for t in trials):
+        return None  # measured (or failed) once: judged in the results
+    choice = choose(study)
+    if choice is None:
+        return None
+    pick = attrs.candidate(choice.trial)
+    if pick.get("method") not in REPLAYED or not pick.get("num_speculative_tokens"):
+        _note(study, "not needed", f"the pick ({choice.trial.user_attrs.get(attrs.LABEL)}) has no depth to schedule")
+        return None
+    levels, primary = levels_of(study), levels_of(study)[0]
+    depths = next((p.values() for p in space.params if p.name == "num_speculative_tokens"), ())
+    family = _family(study, pick)
+    tried = {int(attrs.candidate(t).get("num_speculative_tokens") or 0) for t in trials if attrs.role(t) == attrs.DEPTH}
+    # 1. The forecast-best depth at each level, if not measured yet.
+    for level in (x for x in levels if batch_of(x) is not None):
+        got = study_model(study, space, max_model_len, level=None if level == primary else level)
+        if got is None:
+            continue
+        scored = [(f.speedup, k) for k in depths
+                  if (f := got[0].forecast({**pick, "num_speculative_tokens": k})).speedup is not None]
+        if not scored:
+            continue
+        s, k = max(scored)
+        if k not in family and k not in tried:
+            return {"params": {**pick, "num_speculative_tokens": k}, "role": attrs.DEPTH,
+                    "why": f"best depth at {level} by forecast: predicted {s:.2f}x"}
+    # 2. The schedule from what was measured.
+    noise = max(_noise(study, space, max_model_len, None if x == primary else x) for x in levels)
+    family_m = {k: attrs.measurement(t) for k, t in family.items()}
+    picks = best_depths(family_m, levels, primary, noise)
+    if len({p.k for p in picks}) <= 1:
+        k = picks[0].k if picks else None
+        _note(study, "not needed", f"depth {k} is best at every level (within the noise, {noise:.0%})",
+              picks=[asdict(p) for p in picks])
+        return None
+    rs = ranges(picks)
+    top = max(p.k for p in picks)
+    study.set_user_attr(attrs.SCHEDULE_PLAN, {"ranges": rs, "picks": [asdict(p) for p in picks], "noise": noise})
+    return {"params": {**pick, "num_speculative_tokens": top}, "role": attrs.SCHEDULE, "ranges": rs,
+            "why": "depth schedule " + ", ".join(f"k={p.k} at {p.level}" for p in picks)}
+
+
+def _note(study: Any, status: str, why: str, **extra: Any) -> None:
+    study.set_user_attr(attrs.SCHEDULE_PLAN, {"status": status, "why": why, **extra})
+
+
+def verdict(study: Any) -> dict[str, Any] | None:
+    """best.json's ``schedule``: the ranges, each level's check against the best fixed depth, and
+    whether the schedule is the pick (``status`` "recommended", "fell back", "failed", "not needed")."""
+    from optuna.trial import TrialState
+
+    from autotune.pareto import latest
+
+    plan = study.user_attrs.get(attrs.SCHEDULE_PLAN)
+    if not plan:
+        return None
+    if "ranges" not in plan:
+        return dict(plan)
+    trials = [t for t in study.get_trials(deepcopy=False) if attrs.role(t) == attrs.SCHEDULE
+              and not attrs.is_interrupted(t)]
+    if not trials:
+        return {**plan, "status": "not measured", "why": "the schedule was planned but not measured"}
+    t = latest(study, trials[-1])
+    out = {**plan, "trial": t.number, "label": t.user_attrs.get(attrs.LABEL)}
+    if t.state != TrialState.COMPLETE or t.user_attrs.get(attrs.FAILURE):
+        return {**out, "status": "failed", "why": t.user_attrs.get(attrs.FAILURE, "incorrect outputs")}
+    from autotune.pareto import feasible
+
+    if not feasible(t):
+        return {**out, "status": "fell back", "why": "the scheduled config's outputs failed the correctness checks"}
+    pick = attrs.candidate(t)
+    family = {k: attrs.measurement(x) for k, x in _family(study, pick).items()}
+    labels = {k: x.user_attrs.get(attrs.LABEL) for k, x in _family(study, pick).items()}
+    levels, primary = levels_of(study), levels_of(study)[0]
+    fixed = {}
+    for level in levels:
+        key = key_at(METRIC, level, primary)
+        have = {k: m for k, m in family.items() if isinstance(m.get(key), (int, float))}
+        if have:
+            k = max(have, key=lambda k: have[k][key])
+            fixed[level] = (labels[k], have[k])
+    checks = judge(attrs.measurement(t), fixed, primary, plan["noise"])
+    out["checks"] = [asdict(c) for c in checks]
+    bad = [c for c in checks if not c.ok]
+    if bad or not checks:
+        worst = min(bad, key=lambda c: c.ratio) if bad else None
+        why = (f"at {worst.level} the schedule measured {worst.ratio:.2f}x the best fixed depth ({worst.fixed}), "
+               f"[{worst.lo:.2f}-{worst.hi:.2f}], worse than the noise ({plan['noise']:.0%}) allows: the best fixed "
+               "config stays the pick") if worst else "nothing to compare with"
+        return {**out, "status": "fell back", "why": why}
+    return {**out, "status": "recommended",
+            "why": f"within the noise ({plan['noise']:.0%}) of the best fixed depth at every level and under the ramp"}
+
+
+def scheduled_trial(study: Any) -> Any | None:
+    """The schedule's trial when it is recommended (the pick), else None."""
+    v = verdict(study)
+    if not v or v.get("status") != "recommended":
+        return None
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == v["trial"])

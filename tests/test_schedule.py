@@ -1,0 +1,142 @@
+"""The depth per batch size (autotune.schedule): pure rules, then studies on the FAKE engine.
+
+The fake engine (tests/fake_engine.py) makes a step of depth k in a batch of c cost 1 + 0.15 c k
+baseline steps at the extra load levels, with every draft accepted: deep speculation wins alone
+and loses at 8 in flight, and it reads a config's schedule as vLLM does.
+"""
+
+import json
+import shlex
+
+import pytest
+
+from autotune.candidate import Candidate, Settings
+from autotune.export import command, config_yaml, llm_kwargs_json
+from autotune.load import LoadPattern, level_loads, parse_levels, ramp_limits
+from autotune.errors import BadInput
+from autotune.results import write_results
+from autotune.schedule import LevelPick, best_depths, judge, ranges
+from autotune.space import load_space
+from autotune.study import StudyConfig, run_study
+from autotune.workload import load_workload
+
+
+def m(**at):
+    """A measurement with output tok/s at levels: m(c1=100, c8=50) (c1 is the study's own level)."""
+    out = {}
+    for name, v in at.items():
+        key = "output_tok_s" if name == "c1" else f"output_tok_s@concurrency={name[1:]}" if name[0] == "c" \
+            else f"output_tok_s@ramp={name[1:]}"
+        out[key] = v
+        out[key.replace("output_tok_s", "output_tok_s_windows")] = [v * 0.99, v * 1.01]
+    return out
+
+
+LEVELS = ["concurrency=1", "concurrency=8", "ramp=8"]
+
+
+def test_each_level_takes_the_smallest_depth_within_the_noise_of_its_best():
+    family = {0: m(c1=100, c8=200), 2: m(c1=180, c8=190), 4: m(c1=186, c8=120)}
+    picks = best_depths(family, LEVELS, "concurrency=1", noise=0.05)
+    # At 1: k=4 is best (186) but k=2 (180) is within 5%: the smaller depth. At 8: no speculation.
+    assert [(p.batch, p.k, p.best_k) for p in picks] == [(1, 2, 4), (8, 0, 0)]
+    assert [(p.batch, p.k) for p in best_depths(family, LEVELS, "concurrency=1", noise=0.01)] == [(1, 4), (8, 0)]
+
+
+def test_ranges_start_at_one_split_between_levels_and_merge_equal_neighbours():
+    pick = lambda b, k: LevelPick(f"concurrency={b}", b, k, 1.0, k, 1.0)  # noqa: E731
+    assert ranges([pick(1, 4), pick(8, 1)]) == [[1, 2, 4], [3, 256, 1]]
+    assert ranges([pick(1, 4), pick(4, 4), pick(16, 0)]) == [[1, 8, 4], [9, 256, 0]]
+    assert ranges([pick(2, 3), pick(3, 1)]) == [[1, 2, 3], [3, 256, 1]]
+    assert ranges([pick(1, 2)]) == [[1, 256, 2]]
+
+
+def test_ranges_pass_vllms_own_schedule_validation():
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    rs = ranges([LevelPick("concurrency=1", 1, 4, 1, 4, 1), LevelPick("concurrency=8", 8, 0, 1, 0, 1)])
+    dense = build_dynamic_sd_schedule_lookup(rs, vllm_max_batch_size=16, vllm_num_speculative_tokens=4)
+    assert dense[1:] == [4, 4] + [0] * 14
+
+
+def test_the_schedule_holds_only_within_the_noise_of_the_best_fixed_depth():
+    fixed = {"concurrency=1": ("ngram k=4", m(c1=200)), "ramp=8": ("ngram k=2", m(r8=150))}
+    good = judge(m(c1=196, r8=151), fixed, "concurrency=1", noise=0.05)
+    assert [c.ok for c in good] == [True, True] and good[0].ratio == pytest.approx(0.98)
+    bad = judge(m(c1=198, r8=120), fixed, "concurrency=1", noise=0.05)
+    assert [c.ok for c in bad] == [True, False] and bad[1].hi < 1 and bad[1].fixed == "ngram k=2"
+
+
+def test_a_ramp_rises_to_the_top_level_and_back():
+    assert ramp_limits(6, 8) == [1, 4, 7, 7, 4, 1]
+    assert ramp_limits(1, 8) == [1]
+    assert max(ramp_limits(33, 8)) == 8
+
+
+def test_levels_are_concurrency_levels_and_bring_a_ramp():
+    assert parse_levels("8, 1") == (1, 8)
+    loads = level_loads((1, 8), LoadPattern(), ())
+    assert [x.label for x in loads] == ["concurrency=8", "ramp=8"]
+    assert level_loads((1,), LoadPattern(), ()) == ()
+    for bad in ("", "0,4", "one"):
+        with pytest.raises(BadInput, match="--levels: expected concurrency levels"):
+            parse_levels(bad)
+
+
+def test_a_schedule_exports_as_vllms_own_argument():
+    params = {"method": "ngram", "num_speculative_tokens": 4,
+              "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 256, 0]]}
+    c = Candidate(params)
+    assert c.label == "ngram k=4@1-2,0@3+"
+    kw = c.engine_kwargs(Settings(model="m"))
+    assert kw["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 256, 0]]
+    # vLLM's own parser reads the exported command back to the same speculative config.
+    from autotune.vllm_cli import engine_args_from_serve
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    args = engine_args_from_serve(shlex.split(command(kw))[2:])
+    assert args.speculative_config == kw["speculative_config"]
+    assert validate_and_normalize_dynamic_sd_schedule(args.speculative_config[
+        "num_speculative_tokens_per_batch_size"]) == [(1, 2, 4), (3, 256, 0)]
+    assert "num_speculative_tokens_per_batch_size:" in config_yaml(kw)
+    assert json.loads(llm_kwargs_json(kw))["speculative_config"] == kw["speculative_config"]
+
+
+def _study(tmp_path, levels):
+    load = LoadPattern()
+    c = StudyConfig(name="sched", results_dir=tmp_path / "sched", settings=Settings(model="fake-model"),
+                    n_trials=4, trial_timeout_s=20, engine_module="fake_engine", strategy="grid", load=load,
+                    extra_loads=level_loads(levels, load, ()), schedule=True)
+    space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space)
+    report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu"},
+                           objectives=list(c.objectives), storage_url=c.storage_url)
+    return study, report
+
+
+def test_fake_study_recommends_a_schedule_that_holds_at_every_level_and_under_the_ramp(tmp_path, fake_engine_env):
+    study, report = _study(tmp_path, (1, 4, 8))
+    s = report["schedule"]
+    # Alone and at 4 in flight depth 4 is best; at 8 no speculation: the ranges split at sqrt(4*8).
+    assert s["status"] == "recommended", s
+    assert s["ranges"] == [[1, 5, 4], [6, 256, 0]]
+    assert {c["level"] for c in s["checks"]} == {"concurrency=1", "concurrency=4", "concurrency=8", "ramp=8"}
+    assert report["best"]["trial"] == s["trial"]
+    spec = report["best"]["engine_kwargs"]["speculative_config"]
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 5, 4], [6, 256, 0]]
+    assert spec["num_speculative_tokens"] == 4
+    roles = [t.user_attrs.get("role") for t in study.trials]
+    assert roles.count("schedule") == 1 and len([r for r in roles if r is None]) == 3  # 3 depths, on top of none
+
+
+def test_fake_study_falls_back_to_the_best_fixed_depth_when_the_ramp_says_so(tmp_path, fake_engine_env):
+    study, report = _study(tmp_path, (1, 8))
+    s = report["schedule"]
+    # The ranges split at 2: batches of 4-7 in the ramp run without speculation, where depth 4
+    # would still gain; under the ramp the fixed depth wins by more than the noise.
+    assert s["ranges"] == [[1, 2, 4], [3, 256, 0]]
+    assert s["status"] == "fell back" and "ramp=8" in s["why"], s
+    ramp = next(c for c in s["checks"] if c["level"] == "ramp=8")
+    assert not ramp["ok"] and ramp["ratio"] < 0.95
+    assert "num_speculative_tokens_per_batch_size" not in report["best"]["candidate"]
+    assert report["best"]["candidate"]["num_speculative_tokens"] == 4
