@@ -91,6 +91,28 @@ def ranges(picks: Sequence[LevelPick], top: int = TOP_BATCH) -> list[list[int]]:
     return out
 
 
+def check_ranges(ranges: Any, depth: Any) -> str | None:
+    """Why ``ranges`` is not a schedule vLLM runs as written (None: it is). vLLM's own rules
+    (vllm/v1/spec_decode/dynamic/utils.py): ``[first, last, k]`` entries, positive and ordered,
+    not overlapping, the first from batch size 1, k >= 0; and vLLM caps every k at
+    ``num_speculative_tokens``, so that must be given and at least the largest k."""
+    if not isinstance(ranges, list) or not ranges or not all(
+            isinstance(r, list) and len(r) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+            for r in ranges):
+        return "expected a non-empty list of [first, last, k] integer ranges, e.g. [[1, 2, 4], [3, 256, 1]]"
+    last = 0
+    for first, end, k in sorted(ranges):
+        if first <= last or end < first or k < 0:
+            return f"expected ranges from 1 up, not overlapping, first <= last, k >= 0; got {ranges}"
+        last = end
+    if min(r[0] for r in ranges) != 1:
+        return f"the first range must start at batch size 1; got {ranges}"
+    top = max(r[2] for r in ranges)
+    if not isinstance(depth, int) or depth < top:
+        return f"num_speculative_tokens must be given and at least the schedule's largest k ({top}); got {depth}"
+    return None
+
+
 @dataclass(frozen=True)
 class LevelCheck:
     """The schedule against the best fixed depth at one level (or under the ramp)."""
@@ -202,7 +224,7 @@ def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, An
                   if (f := got[0].forecast({**pick, "num_speculative_tokens": k})).speedup is not None]
         if not scored:
             continue
-        s, k = max(scored)
+        s, k = max(scored, key=lambda x: (x[0], -x[1]))  # a tie goes to the smaller depth
         if k not in family and k not in tried:
             return {"params": {**pick, "num_speculative_tokens": k}, "role": attrs.DEPTH,
                     "why": f"best depth at {level} by forecast: predicted {s:.2f}x"}
@@ -228,50 +250,55 @@ def _note(study: Any, status: str, why: str, **extra: Any) -> None:
 
 def verdict(study: Any) -> dict[str, Any] | None:
     """best.json's ``schedule``: the ranges, each level's check against the best fixed depth, and
-    whether the schedule is the pick (``status`` "recommended", "fell back", "failed", "not needed")."""
+    whether the schedule is the pick (``status`` "recommended", "fell back", "failed", "not needed").
+
+    The schedule judged is the study's own (role "schedule") or else one given with ``--try``
+    (``source`` says which); with neither, why the study planned none."""
     from optuna.trial import TrialState
 
-    from autotune.pareto import latest
+    from autotune.pareto import feasible, is_schedule, superseded
 
-    plan = study.user_attrs.get(attrs.SCHEDULE_PLAN)
-    if not plan:
-        return None
-    if "ranges" not in plan:
-        return dict(plan)
-    trials = [t for t in study.get_trials(deepcopy=False) if attrs.role(t) == attrs.SCHEDULE
-              and not attrs.is_interrupted(t)]
-    if not trials:
-        return {**plan, "status": "not measured", "why": "the schedule was planned but not measured"}
-    t = latest(study, trials[-1])
-    out = {**plan, "trial": t.number, "label": t.user_attrs.get(attrs.LABEL)}
-    if t.state != TrialState.COMPLETE or t.user_attrs.get(attrs.FAILURE):
-        return {**out, "status": "failed", "why": t.user_attrs.get(attrs.FAILURE, "incorrect outputs")}
-    from autotune.pareto import feasible
-
+    plan = study.user_attrs.get(attrs.SCHEDULE_PLAN) or {}
+    old = superseded(study)
+    measured = [t for t in study.get_trials(deepcopy=False) if is_schedule(t) and t.number not in old
+                and not attrs.is_interrupted(t) and not attrs.is_duplicate(t) and t.state != TrialState.WAITING
+                and t.state != TrialState.RUNNING]
+    if not measured:
+        if "ranges" in plan:
+            return {**plan, "status": "not measured", "why": "the schedule was planned but not measured"}
+        return dict(plan) or None
+    t = max(measured, key=lambda x: (attrs.role(x) == attrs.SCHEDULE or attrs.REMEASURE_OF in x.user_attrs, x.number))
+    pick = attrs.candidate(t)
+    own = attrs.role(t) == attrs.SCHEDULE or attrs.REMEASURE_OF in t.user_attrs
+    out = {**(plan if own else {}), "ranges": pick[SCHEDULE_KEY], "source": "planned" if own else "tried",
+           "trial": t.number, "label": t.user_attrs.get(attrs.LABEL)}
+    if t.state != TrialState.COMPLETE:
+        return {**out, "status": "failed", "why": t.user_attrs.get(attrs.FAILURE, "unknown")}
     if not feasible(t):
         return {**out, "status": "fell back", "why": "the scheduled config's outputs failed the correctness checks"}
-    pick = attrs.candidate(t)
-    family = {k: attrs.measurement(x) for k, x in _family(study, pick).items()}
-    labels = {k: x.user_attrs.get(attrs.LABEL) for k, x in _family(study, pick).items()}
     levels, primary = levels_of(study), levels_of(study)[0]
+    noise = plan.get("noise") if own and plan.get("noise") else max(
+        _noise(study, None, study.user_attrs.get(attrs.MAX_MODEL_LEN), None if x == primary else x) for x in levels)
+    out["noise"] = noise
+    members = _family(study, pick)
     fixed = {}
     for level in levels:
         key = key_at(METRIC, level, primary)
-        have = {k: m for k, m in family.items() if isinstance(m.get(key), (int, float))}
+        have = {k: x for k, x in members.items() if isinstance(attrs.measurement(x).get(key), (int, float))}
         if have:
-            k = max(have, key=lambda k: have[k][key])
-            fixed[level] = (labels[k], have[k])
-    checks = judge(attrs.measurement(t), fixed, primary, plan["noise"])
+            k = max(have, key=lambda k: attrs.measurement(have[k])[key])
+            fixed[level] = (have[k].user_attrs.get(attrs.LABEL), attrs.measurement(have[k]))
+    checks = judge(attrs.measurement(t), fixed, primary, noise)
     out["checks"] = [asdict(c) for c in checks]
     bad = [c for c in checks if not c.ok]
-    if bad or not checks:
+    if bad or len(checks) < len(levels):
         worst = min(bad, key=lambda c: c.ratio) if bad else None
         why = (f"at {worst.level} the schedule measured {worst.ratio:.2f}x the best fixed depth ({worst.fixed}), "
-               f"[{worst.lo:.2f}-{worst.hi:.2f}], worse than the noise ({plan['noise']:.0%}) allows: the best fixed "
-               "config stays the pick") if worst else "nothing to compare with"
+               f"[{worst.lo:.2f}-{worst.hi:.2f}], worse than the noise ({noise:.0%}) allows: the best fixed "
+               "config stays the pick") if worst else "no fixed depth of its method was measured at every level"
         return {**out, "status": "fell back", "why": why}
     return {**out, "status": "recommended",
-            "why": f"within the noise ({plan['noise']:.0%}) of the best fixed depth at every level and under the ramp"}
+            "why": f"within the noise ({noise:.0%}) of the best fixed depth at every level and under the ramp"}
 
 
 def scheduled_trial(study: Any) -> Any | None:

@@ -219,10 +219,17 @@ def parse_try(text: str, space: Any) -> dict[str, Any]:
         params = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadInput(f"--try: not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
+    from autotune.schedule import SCHEDULE_KEY, check_ranges
+
     names = {p.name for p in space.params}
-    if not isinstance(params, dict) or set(params) - names:
-        bad = sorted(set(params) - names)[0] if isinstance(params, dict) else params
-        raise BadInput(f"--try: key {bad!r}: expected parameters of space '{space.name}' ({', '.join(sorted(names))})")
+    if not isinstance(params, dict) or set(params) - names - {SCHEDULE_KEY}:
+        bad = sorted(set(params) - names - {SCHEDULE_KEY})[0] if isinstance(params, dict) else params
+        raise BadInput(f"--try: key {bad!r}: expected parameters of space '{space.name}' "
+                       f"({', '.join(sorted(names))}) or {SCHEDULE_KEY}")
+    if SCHEDULE_KEY in params:  # a depth schedule of the user's: judged as the study's own would be
+        why = check_ranges(params[SCHEDULE_KEY], params.get("num_speculative_tokens"))
+        if why:
+            raise BadInput(f"--try: key {SCHEDULE_KEY!r}: {why}")
     # The config given, not a sampler's variation of it: knobs left out take the baseline's values.
     return {**space.baseline_trial_params(), **params}
 

@@ -38,7 +38,9 @@ def judged(tmp_path_factory):
     """name -> (candidate, raw run, verdict) for every run above, judged against the baseline."""
     root = tmp_path_factory.mktemp("correctness")
     wl = load_workload("tests/data/correctness.jsonl")
-    cfg = StudyConfig(name="correctness", results_dir=root, samples=128, repeats=1,
+    # Three tokens a draw: the planted faults show from the first token, and longer draws would let
+    # ngram propose (and hit the CPU sampler bug below) on most of them; the CLI draws 24.
+    cfg = StudyConfig(name="correctness", results_dir=root, samples=128, sample_tokens=3, repeats=1,
                       tolerances=Tolerances(max_drift=0.0, max_logprob_drift=0.0),
                       settings=Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), dtype=demo.DTYPE,
                                         max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
@@ -145,3 +147,82 @@ def test_logprob_drift_is_zero_for_speculation_and_measured_for_a_lossy_config(j
         assert v.logprob_tokens == tokens and v.logprob_drift < 1e-4, (name, v.logprob_drift)
     v = judged["int8"][2]
     assert v.logprob_tokens == tokens and v.logprob_drift > 1e-4 and v.logprob_kl > 0, v
+
+
+def _sampled(raw):
+    """The sampled requests alone, as a job lists them: a workload with no greedy request."""
+    return [{"id": r["id"], "sampling": {"temperature": 0.8, "top_p": 0.95, "max_tokens": 24}, "expect": {}}
+            for r in raw["windows"][0]["requests"] if r["id"].startswith("sampled")]
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8_kv"])
+def test_a_lossy_candidate_on_sampled_requests_alone_shows_its_drift(judged, name):
+    """No greedy request to compare token by token and no distribution test (lossy configs change
+    the distribution on purpose): the baseline's sampled paths, scored under both engines, are the
+    evidence, held to --max-logprob-drift."""
+    if name not in judged:
+        pytest.skip("fp8 KV cache on CPU needs AVX-512 or AMX (vLLM: NotImplementedError); this CPU has neither")
+    _, raw, _ = judged[name]
+    base = judged["baseline"][1]
+    reqs = _sampled(raw)
+    kw = dict(lossy=True, scores=raw["scores"], base_scores=base["scores"])
+    wide = verdict(reqs, raw["windows"][0]["requests"], base["windows"][0]["requests"],
+                   tol=Tolerances(max_logprob_drift=1.0), **kw)
+    assert wide.status == "ok" and wide.logprob_drift > 0 and wide.logprob_tokens >= 3 * 20, wide
+    assert wide.greedy_requests == 0 and wide.sampled_requests == 3
+    tight = verdict(reqs, raw["windows"][0]["requests"], base["windows"][0]["requests"],
+                    tol=Tolerances(max_logprob_drift=wide.logprob_drift / 2), **kw)
+    assert tight.status == "failed" and "log-prob drift" in tight.reason, tight.reason
+
+
+def test_a_candidate_whose_checks_did_not_run_is_unverified_and_infeasible(judged):
+    """Sampled requests only, and no draws to compare (--samples 0): nothing checked the draft's
+    sampling, so the verdict is "unverified", never "ok", and its constraint keeps it from the pick
+    unless --allow-unverified."""
+    _, raw, _ = judged["draft"]
+    base = judged["baseline"][1]
+    reqs = _sampled(raw)
+    v = verdict(reqs, raw["windows"][0]["requests"], base["windows"][0]["requests"], lossy=False, tol=Tolerances(),
+                scores=raw["scores"], base_scores=base["scores"])
+    assert v.status == "unverified" and v.reason.startswith("unverified: not checked: distribution test"), v.reason
+    assert v.constraints[5] > 0 and all(c <= 0 for c in v.constraints[:5])  # nothing failed; not "ok" either
+    allowed = verdict(reqs, raw["windows"][0]["requests"], base["windows"][0]["requests"], lossy=False,
+                      tol=Tolerances(allow_unverified=True), scores=raw["scores"], base_scores=base["scores"])
+    assert allowed.status == "unverified" and allowed.constraints[5] == 0
+
+
+@pytest.fixture(scope="session")
+def tried(tmp_path_factory):
+    """Issue 16's scenario through the CLI: sampled edits only, a --try that names the method and
+    depth alone, 96 draws of 24 tokens a request."""
+    import json as _json
+    from pathlib import Path
+
+    import optuna
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    tmp = tmp_path_factory.mktemp("tried")
+    rows = [{**_json.loads(line), "temperature": 0.8, "top_p": 0.95, "max_tokens": 24, "seed": 100 + i}
+            for i, line in enumerate(Path("examples/json_edit.jsonl").read_text().splitlines()[:4])]
+    (tmp / "sampled.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    r = CliRunner().invoke(app, ["search", str(tmp / "sampled.jsonl"), "--space", "quick", "--trials", "2",
+                                 "--try", '{"method": "draft_model", "num_speculative_tokens": 3}',
+                                 "--samples", "96", "--repeats", "1", "--max-repeats", "0", "--warmup", "1",
+                                 "--no-remeasure", "--results", str(tmp), "--study", "t", "--trial-timeout", "400"])
+    assert r.exit_code == 0, r.output
+    return optuna.load_study(study_name="t", storage=f"sqlite:///{tmp / 't' / 'study.db'}"), \
+        _json.loads((tmp / "t" / "best.json").read_text())
+
+
+def test_a_partial_try_measures_the_lossless_config_and_the_distribution_test_flags_it(tried):
+    study, report = tried
+    t = next(t for t in study.trials if t.user_attrs.get("role") != "baseline")
+    # The knobs the --try left out are the space's baseline values, not the sampler's draw.
+    assert t.user_attrs["candidate"] == {"method": "draft_model", "num_speculative_tokens": 3,
+                                         "kv_cache_dtype": "auto", "enforce_eager": True}
+    v = t.user_attrs["verdict"]
+    assert v["status"] == "failed" and "differ in distribution" in v["reason"], v["reason"]
+    assert v["distribution_samples"] == 4 * 96 and v["distribution_p"] < 1e-6
+    assert report["best"]["candidate"]["method"] == "none"  # the flagged config is never the pick

@@ -5,6 +5,10 @@ examples/json_edit.jsonl, chats from examples/support_chat.jsonl, and held-out c
 fresh here. Every ngram and draft_model trial's mean accepted length, forecast before it ran from
 the baseline's tokens (and the draft's one teacher-forced pass), must match vLLM's own counters
 within 3%, over the whole workload and for each kind of request (vLLM's per-request metrics).
+
+The study runs at two load levels (``--levels 1,LEVEL``) and under the ramp between them, so the
+same engines also show the depth schedule's path end to end: each level's forecast-best depth,
+the schedule vLLM runs, its checks against the best fixed depth, and what is exported.
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ from autotune.forecast import AcceptanceTable
 
 pytestmark = pytest.mark.engine
 PER_KIND = 6
+LEVEL = 16  # on 2 CPU cores, where speculation's gain is smallest
+# A user's schedule that turns speculation off from batch size 3 (as in a vLLM user's report, where
+# such a schedule took 8 concurrent requests from ~232 tok/s to 24-157): judged like the study's own.
+SCHEDULE = "num_speculative_tokens_per_batch_size"
+TRIED = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 2,
+         SCHEDULE: [[1, 2, 5], [3, 256, 0]]}
 
 
 def _workload(path: Path) -> Path:
@@ -40,9 +50,10 @@ def _workload(path: Path) -> Path:
 def predicted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("predict")
     r = CliRunner().invoke(app, ["search", str(_workload(tmp / "mixed.jsonl")), "--space",
-                                 "tests/data/engine_space_predict.yaml", "--trials", "5", "--results", str(tmp),
+                                 "tests/data/engine_space_predict.yaml", "--trials", "6", "--results", str(tmp),
                                  "--study", "p", "--repeats", "1", "--max-repeats", "0", "--warmup", "1",
-                                 "--samples", "0", "--trial-timeout", "300", "--no-remeasure"])
+                                 "--samples", "0", "--trial-timeout", "300", "--no-remeasure",
+                                 "--levels", f"1,{LEVEL}", "--try", json.dumps(TRIED)])
     print(r.output)
     assert r.exit_code == 0, r.output
     study = optuna.load_study(study_name="p", storage=f"sqlite:///{tmp / 'p' / 'study.db'}")
@@ -50,7 +61,8 @@ def predicted(tmp_path_factory):
 
 
 def _speculative(study):
-    return [t for t in study.trials if t.state.name == "COMPLETE"
+    """The fixed-depth speculative trials (a schedule has no forecast of its own)."""
+    return [t for t in study.trials if t.state.name == "COMPLETE" and SCHEDULE not in t.user_attrs["candidate"]
             and t.user_attrs["candidate"].get("method") in ("ngram", "draft_model")]
 
 
@@ -85,7 +97,7 @@ def test_forecast_matches_for_each_kind_of_request(predicted):
 def test_predict_study_plans_every_candidate_and_ranks_the_space(predicted):
     results, study = predicted
     cands = [t for t in study.trials if t.state.name in ("COMPLETE", "FAIL") and t.user_attrs.get("role") != "baseline"
-             and "duplicate_of" not in t.user_attrs]
+             and SCHEDULE not in t.user_attrs["candidate"] and "duplicate_of" not in t.user_attrs]
     assert cands and all(t.user_attrs.get("planned") and t.user_attrs.get("predicted") for t in cands)
     first = [t.user_attrs["candidate"]["method"] for t in cands[:2]]
     assert set(first) == {"ngram", "draft_model"}  # the best forecast of each method first
@@ -93,3 +105,41 @@ def test_predict_study_plans_every_candidate_and_ranks_the_space(predicted):
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert len(rows) == 1 + 8 + 4 and all(x["speedup"] is not None for x in rows)
+
+
+def test_each_level_gets_its_depth_and_a_schedule_is_judged_at_every_level(predicted):
+    """Every trial measured at 1, at LEVEL and under the ramp; the forecast-best depth at each level
+    measured; the schedule (the study's own where the levels disagree, else the --try one) run by
+    vLLM and judged against the best fixed depth at each level; what is exported follows the
+    verdict, read back by vLLM's own parser."""
+    import shlex
+
+    from autotune.vllm_cli import engine_args_from_serve
+
+    results, study = predicted
+    report = json.loads((results / "best.json").read_text())
+    s = report["schedule"]
+    print(s)
+    levels = ["concurrency=1", f"concurrency={LEVEL}", f"ramp={LEVEL}"]
+    for t in study.trials:
+        if t.state.name == "COMPLETE":
+            m = t.user_attrs["measurement"]
+            assert all(m["output_tok_s" if lv == levels[0] else f"output_tok_s@{lv}"] > 0 for lv in levels)
+        if t.user_attrs.get("role") == "depth":
+            assert t.user_attrs["planned"].startswith("best depth at concurrency=")
+    tried = next(t for t in study.trials if t.user_attrs["candidate"].get(SCHEDULE) == TRIED[SCHEDULE])
+    assert tried.state.name == "COMPLETE", tried.user_attrs.get("failure")  # vLLM ran it at every level
+    assert s["source"] in ("planned", "tried") and {c["level"] for c in s["checks"]} == set(levels)
+    assert s["status"] == ("recommended" if all(c["ok"] for c in s["checks"]) else "fell back"), s
+    r = CliRunner().invoke(app, ["export", str(results)])
+    spec = engine_args_from_serve(shlex.split(r.stdout)[2:]).speculative_config or {}
+    if s["status"] == "recommended":
+        assert report["best"]["trial"] == s["trial"] and spec[SCHEDULE] == s["ranges"]
+    else:
+        worst = min(s["checks"], key=lambda c: c["ratio"])
+        assert worst["level"] in s["why"] and SCHEDULE not in spec and report["best"]["trial"] != s["trial"]
+    if s["source"] == "tried":  # speculation off from batch 3: at LEVEL it runs as the baseline does
+        at = next(c for c in s["checks"] if c["level"] == f"concurrency={LEVEL}")
+        base = next(t for t in study.trials if t.user_attrs.get("role") == "baseline")
+        assert at["schedule_tok_s"] == pytest.approx(base.user_attrs["measurement"][f"output_tok_s@concurrency={LEVEL}"],
+                                                     rel=0.25)

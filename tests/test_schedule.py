@@ -140,3 +140,67 @@ def test_fake_study_falls_back_to_the_best_fixed_depth_when_the_ramp_says_so(tmp
     assert not ramp["ok"] and ramp["ratio"] < 0.95
     assert "num_speculative_tokens_per_batch_size" not in report["best"]["candidate"]
     assert report["best"]["candidate"]["num_speculative_tokens"] == 4
+
+
+def test_levels_through_the_cli_plan_each_levels_best_depth_then_the_schedule(tmp_path, monkeypatch, fake_engine_env):
+    """--levels on the FAKE engine with --strategy predict: the step cost at 8 in flight is fitted on
+    what was measured there, and the depth it forecasts best there is measured before the schedule."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--space", "quick", "--trials", "6", "--model",
+                                 "fake-model", "--draft-model", "fake-draft", "--results", str(tmp_path),
+                                 "--samples", "0", "--repeats", "1", "--study", "lv", "--levels", "1,8",
+                                 "--no-remeasure"])
+    assert r.exit_code == 0, r.output
+    frame = pd.read_csv(tmp_path / "lv" / "trials.csv")
+    assert "output_tok_s@concurrency=8" in frame.columns and "output_tok_s@ramp=8" in frame.columns
+    # Where the forecast-best depth at a level was not measured yet, it is measured before the schedule.
+    depth = frame[frame["role"] == "depth"]
+    assert depth["planned"].str.match(r"best depth at concurrency=(1|8) by forecast").all()
+    assert (frame["role"] == "schedule").sum() == 1
+    # The model at 8 in flight is fitted on the throughput measured there, not at the study's own level.
+    import optuna
+
+    from autotune.space import load_space
+    from autotune.strategy import study_model
+
+    study = optuna.load_study(study_name="lv", storage=f"sqlite:///{tmp_path / 'lv' / 'study.db'}")
+    space = load_space("quick", platform="cpu", models={"draft_model"})
+    at8 = {Candidate(o.params).label: o.speedup for o in study_model(study, space, None, level="concurrency=8")[1]}
+    want = {row.label: row["output_tok_s@concurrency=8"] / frame.loc[0, "output_tok_s@concurrency=8"]
+            for _, row in frame.iterrows() if row["role"] in ("candidate", "depth")}
+    assert at8 == pytest.approx({"none eager": 1.0, **want}) and all(v < 1 for k, v in want.items())
+    report = json.loads((tmp_path / "lv" / "best.json").read_text())
+    s = report["schedule"]
+    assert s["ranges"][0][:2] == [1, 2] and s["ranges"][-1][2] == 0  # deep alone, none at 8
+    assert s["status"] in ("recommended", "fell back") and len(s["checks"]) == 3
+    assert "depth schedule k=" in r.stdout and s["status"] in r.stdout
+
+
+def test_a_schedule_given_with_try_is_checked_then_judged_like_the_studys_own(tmp_path, fake_engine_env):
+    from autotune.schedule import SCHEDULE_KEY, check_ranges
+    from autotune.search import parse_try
+
+    space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
+    assert check_ranges([[1, 2, 4], [3, 256, 0]], 4) is None
+    for bad, why in ((([[2, 8, 4]]), "start at batch size 1"), ([[1, 4, 4], [3, 8, 1]], "not overlapping"),
+                     ([[1, 8, 4]], "at least the schedule's largest k"), ("4", "a non-empty list")):
+        with pytest.raises(BadInput, match=f"--try: key 'num_speculative_tokens_per_batch_size': .*{why}"):
+            parse_try(json.dumps({"method": "ngram", "num_speculative_tokens": 2, SCHEDULE_KEY: bad}), space)
+    tried = parse_try(json.dumps({"method": "ngram", "num_speculative_tokens": 4,
+                                  SCHEDULE_KEY: [[1, 2, 4], [3, 256, 0]]}), space)
+    load = LoadPattern()
+    c = StudyConfig(name="tried", results_dir=tmp_path / "tried", settings=Settings(model="fake-model"),
+                    n_trials=5, trial_timeout_s=20, engine_module="fake_engine", strategy="grid", load=load,
+                    extra_loads=level_loads((1, 8), load, ()))
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space, enqueue=[tried])
+    report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu"},
+                           objectives=list(c.objectives), storage_url=c.storage_url)
+    s = report["schedule"]
+    # Speculation off from batch 3: under the ramp, batches of 4-7 lose what depth 4 would gain.
+    assert s["source"] == "tried" and s["ranges"] == [[1, 2, 4], [3, 256, 0]] and s["status"] == "fell back", s
+    assert "ramp=8" in s["why"] and report["best"]["candidate"] == {"method": "ngram", "num_speculative_tokens": 4}
