@@ -210,7 +210,8 @@ async def _ramp(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], lim
 
 
 async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], replay: dict[str, Any],
-                   fault: dict[str, Any] | None, phase: Phase) -> dict[str, list[list[int]]]:
+                   fault: dict[str, Any] | None, phase: Phase,
+                   prompt_tokens: dict[str, int | None]) -> dict[str, list[list[int]]]:
     """After the measured window: draw ``samples`` short samples of every sampled request.
 
     Their ``sample_tokens`` tokens feed the distribution test against the baseline (autotune.stats:
@@ -221,20 +222,34 @@ async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
     picked = [(r, p) for r, p in zip(reqs, prompts) if r["sampling"].get("temperature", 0) > 0]
     if not n or not picked:
         return {}
-    jobs, owners = [], []
+    phase("samples", {"total": n * len(picked)})
+    budget = _token_budget(engine)
+    out: dict[str, list[list[int]]] = {}
     for r, p in picked:
+        # vLLM's CPU model runner cannot rewind a seeded request's generator when that request's
+        # prefill is split over steps ("CPU Generator does not use offset", gpu_model_runner's
+        # set_offset): the draws in flight together must fit the step's token budget, and a
+        # prompt that alone does not is drawn unseeded (the test compares distributions, not
+        # same-seed pairs).
+        need = (prompt_tokens.get(r["id"]) or 0) + length + 16
+        seeded = budget is None or need <= budget
+        in_flight = 8 if budget is None else max(1, min(8, budget // need))
         base_seed = r["sampling"].get("seed") or 0
-        for i in range(n):
-            sampling = {**r["sampling"], "max_tokens": length, "seed": base_seed * 100_003 + i}
-            jobs.append(({"id": f"{r['id']}#s{i}", "sampling": sampling}, p))
-            owners.append(r["id"])
-    phase("samples", {"total": len(jobs)})
-    recs = await _replay(engine, [j for j, _ in jobs], [p for _, p in jobs],
-                         {"kind": "concurrency", "concurrency": 8}, lambda d: None, fault)
-    out: dict[str, list[list[int]]] = {r["id"]: [] for r, _ in picked}
-    for owner, rec in zip(owners, recs):
-        out[owner].append(rec["token_ids"])
+        jobs = [{"id": f"{r['id']}#s{i}", "sampling": {**r["sampling"], "max_tokens": length,
+                                                         "seed": base_seed * 100_003 + i if seeded else None}}
+                for i in range(n)]
+        recs = await _replay(engine, jobs, [p] * n, {"kind": "concurrency", "concurrency": in_flight},
+                             lambda d: None, fault)
+        out[r["id"]] = [rec["token_ids"] for rec in recs]
     return out
+
+
+def _token_budget(engine: Any) -> int | None:
+    """The scheduler's tokens per step (``max_num_batched_tokens``), None where it cannot be read."""
+    try:
+        return int(engine.vllm_config.scheduler_config.max_num_batched_tokens)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 async def _score(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -331,7 +346,8 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         windows = await _windows(engine, reqs, prompts, load, replay, fault, phase)
         levels = {lvl["label"]: await _windows(engine, reqs, prompts, lvl, replay, fault, phase)
                   for lvl in replay.get("extra_loads", [])}
-        samples = await _samples(engine, reqs, prompts, replay, fault, phase)
+        samples = await _samples(engine, reqs, prompts, replay, fault, phase,
+                                 {x["id"]: x.get("prompt_tokens") for x in windows[0]["requests"]})
         scores = await _score(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
     finally:
         engine.shutdown()

@@ -372,7 +372,8 @@ def test_real_engine_confirms_a_short_studys_pick(tmp_path):
                         "enforce_eager": True})
     r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml",
                                  "--trials", "2", "--try", ngram, "--results", str(tmp_path), "--study", "s",
-                                 "--repeats", "2", "--max-repeats", "2", "--warmup", "1", "--trial-timeout", "300"])
+                                 "--repeats", "2", "--max-repeats", "2", "--warmup", "1", "--trial-timeout", "300",
+                                 "--no-remeasure"])
     assert r.exit_code == 0, r.output
     d = tmp_path / "s"
     study_s = time.monotonic() - t0

@@ -50,7 +50,7 @@ def _workload(path: Path) -> Path:
 def predicted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("predict")
     r = CliRunner().invoke(app, ["search", str(_workload(tmp / "mixed.jsonl")), "--space",
-                                 "tests/data/engine_space_predict.yaml", "--trials", "6", "--results", str(tmp),
+                                 "tests/data/engine_space_predict.yaml", "--trials", "4", "--results", str(tmp),
                                  "--study", "p", "--repeats", "1", "--max-repeats", "0", "--warmup", "1",
                                  "--samples", "0", "--trial-timeout", "300", "--no-remeasure",
                                  "--levels", f"1,{LEVEL}", "--try", json.dumps(TRIED)])

@@ -187,7 +187,7 @@ def test_ctrl_c_with_two_workers_marks_both_running_trials_and_resume_finishes(t
     import _thread
     import threading
 
-    monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "3")  # each trial stays in its worker that long
+    monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "6")  # each trial stays in its worker that long (3 s flaked on CI)
     c = _cfg(tmp_path, n_trials=4, storage=f"journal:{tmp_path / 'journal.log'}")
     space, wl = load_space(SPACE, platform="cpu", models=set()), load_workload("examples/smoke.jsonl")
     both_running = threading.Event()
