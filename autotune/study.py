@@ -36,7 +36,7 @@ from autotune.schedule import SCHEDULE_KEY, scheduled_trial
 from autotune.schedule import next_step as schedule_step
 from autotune.strategy import forecast_for, needs_trace, plan, trace_draft
 from autotune.storage import dead_here, has_heartbeat, open_storage, worker_id
-from autotune.worker import TrialOutcome, run_trial
+from autotune.worker import TrialOutcome, explain, run_trial
 from autotune.workload import Workload
 
 __all__ = ["BASELINE", "DEPLOYED", "StudyConfig", "baseline_trial", "open_study", "run_study", "trial_dir",
@@ -445,7 +445,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
             job: dict[str, Any], cfg: StudyConfig, reference: Reference | None) -> str:
     """Judge the outcome and tell Optuna: values, constraints, and everything a report reads."""
     if outcome.raw is None:
-        trial.set_user_attr(attrs.FAILURE, outcome.failure)
+        trial.set_user_attr(attrs.FAILURE, outcome.failure + explain(outcome.log_path))
         study.tell(trial, state=TrialState.FAIL)
         return f"failed: {outcome.failure}"
     ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference)
@@ -464,7 +464,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         trial.set_user_attr(attrs.SAMPLES, ev.reference.samples)
         trial.set_user_attr(attrs.SCORES, ev.reference.scores)
     if ev.failure:
-        trial.set_user_attr(attrs.FAILURE, ev.failure)
+        trial.set_user_attr(attrs.FAILURE, ev.failure + explain(outcome.log_path))
         study.tell(trial, state=TrialState.FAIL)
     else:
         study.tell(trial, ev.values)

@@ -39,6 +39,25 @@ class TrialOutcome:
     pid: int  # the worker's pid, which is also its process-group id
 
 
+# vLLM faults whose message names a symptom, not the cause: found in a worker's log, the trial's
+# failure reason says what the user can do.
+KNOWN_FAULTS = {
+    "CPU Generator does not use offset": (
+        "vLLM's CPU model runner cannot rewind a seeded request's generator when its prefill is split "
+        "over steps (more prompt tokens in flight than max_num_batched_tokens): give the sampled "
+        "requests no seed, or send fewer at once"),
+}
+
+
+def explain(log_path: str | Path | None) -> str:
+    """``"; cause: ..."`` for a known vLLM fault in a worker's log, else ``""``."""
+    try:
+        text = Path(log_path).read_text(errors="replace") if log_path else ""
+    except OSError:
+        return ""
+    return "".join(f"; cause: {why} (worker log: {sign!r})" for sign, why in KNOWN_FAULTS.items() if sign in text)
+
+
 def _tail(path: Path, n: int = 12) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
