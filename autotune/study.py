@@ -445,9 +445,10 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
             job: dict[str, Any], cfg: StudyConfig, reference: Reference | None) -> str:
     """Judge the outcome and tell Optuna: values, constraints, and everything a report reads."""
     if outcome.raw is None:
-        trial.set_user_attr(attrs.FAILURE, outcome.failure + explain(outcome.log_path))
+        cause = explain(outcome.log_path)
+        trial.set_user_attr(attrs.FAILURE, outcome.failure + cause)
         study.tell(trial, state=TrialState.FAIL)
-        return f"failed: {outcome.failure}"
+        return f"failed: {outcome.failure}{cause}"
     ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference)
     of = trial.user_attrs.get(attrs.REMEASURE_OF)
     if of is not None and not ev.failure:  # one record of both engine instances (autotune.metrics.pool)
@@ -464,8 +465,9 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         trial.set_user_attr(attrs.SAMPLES, ev.reference.samples)
         trial.set_user_attr(attrs.SCORES, ev.reference.scores)
     if ev.failure:
-        trial.set_user_attr(attrs.FAILURE, ev.failure + explain(outcome.log_path))
+        cause = explain(outcome.log_path)
+        trial.set_user_attr(attrs.FAILURE, ev.failure + cause)
         study.tell(trial, state=TrialState.FAIL)
     else:
         study.tell(trial, ev.values)
-    return ev.summary()
+    return ev.summary() + (cause if ev.failure else "")
