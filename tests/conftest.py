@@ -11,6 +11,14 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Unit and fake-engine tests first, real-engine tests after (each group in file order): a
+    quick failure shows early, and what a real-engine test leaves in this process (vLLM's imports,
+    signal handlers) cannot reach the orchestration tests. The two-worker Ctrl-C test failed twice
+    after the engine tests in the full suite and never alone."""
+    items.sort(key=lambda item: item.get_closest_marker("engine") is not None)
+
+
 @pytest.fixture
 def fake_engine_env(monkeypatch):
     """Let worker processes import the FAKE engine module from tests/."""

@@ -210,9 +210,18 @@ def test_ctrl_c_with_two_workers_marks_both_running_trials_and_resume_finishes(t
             time.sleep(0.1)
         _thread.interrupt_main()
 
+    # Ctrl-C reaches Python as KeyboardInterrupt only through the default SIGINT handler; in the
+    # full suite (real-engine tests first, in this process) the study twice ran to its end here
+    # as if no Ctrl-C came, so the test installs the default handler for its own run.
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=press_ctrl_c_when_both_workers_measure, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        run_study(c, wl, space, worker_envs=[{}, {}])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_study(c, wl, space, worker_envs=[{}, {}])
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert both_running.is_set(), "the two workers never had a trial running at the same time"
     trials = optuna.load_study(study_name=c.name, storage=storage.open_storage(c.storage_url)).trials
     assert not [t for t in trials if t.state == TrialState.RUNNING], [(t.number, t.state.name, t.user_attrs.get("failure"), t.user_attrs.get("wall_s")) for t in trials]
