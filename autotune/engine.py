@@ -158,9 +158,7 @@ async def _replay(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], l
     Closed loop: at most ``concurrency`` in flight, the next sent when one finishes. Open loop
     (batch, poisson, replay): each request is sent at its offset, however many are in flight.
     """
-    from autotune.load import send_offsets
-
-    from autotune.load import ramp_limits
+    from autotune.load import ramp_limits, send_offsets
 
     if load.get("kind") == "ramp":
         return await _ramp(engine, reqs, prompts, ramp_limits(len(reqs), load["concurrency"]), on_done, fault)

@@ -52,7 +52,9 @@ def reference_trial(study: optuna.Study) -> FrozenTrial | None:
 
 def is_schedule(t: FrozenTrial) -> bool:
     """A depth schedule's trial (autotune.schedule), or its re-measurement."""
-    return "num_speculative_tokens_per_batch_size" in attrs.candidate(t)
+    from autotune.schedule import SCHEDULE_KEY
+
+    return SCHEDULE_KEY in attrs.candidate(t)
 
 
 def pareto_trials(study: optuna.Study, *, schedules: bool = True) -> list[FrozenTrial]:

@@ -87,13 +87,13 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
                  storage_url: str) -> dict[str, Any]:
     """The StudyReport (what best.json holds) of a study and its trials table."""
     from autotune.pareto import choose, deployed_trial, pareto_trials, reference_trial
-    from autotune.storage import redact
-
     from autotune.schedule import scheduled_trial, verdict
+    from autotune.storage import redact
 
     choice, base, deployed = choose(study), reference_trial(study), deployed_trial(study)
     # A depth schedule that held at every level is the pick; the fixed-depth choice is kept beside it.
-    pick = scheduled_trial(study) or (choice.trial if choice else None)
+    schedule = verdict(study)
+    pick = scheduled_trial(study, schedule) or (choice.trial if choice else None)
     ua = study.user_attrs
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
@@ -112,7 +112,7 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         "lossless_first": _lossless_first(choice),
         "remeasured": _remeasured(study, pick, base),
         # Two or more load levels: the depth per batch size, its checks, and whether it is the pick.
-        "schedule": verdict(study),
+        "schedule": schedule,
         "warm_start": ua.get(attrs.WARM_START),
         # How candidates were chosen, and why the strategy stopped before the budget (if it did).
         "strategy": {"name": ua.get(attrs.STRATEGY), "stopped": ua.get(attrs.STOPPED),

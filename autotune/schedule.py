@@ -179,12 +179,19 @@ def _family(study: Any, pick_params: Mapping[str, Any]) -> dict[int, Any]:
     return out
 
 
-def _noise(study: Any, space: Any, max_model_len: int | None, level: str | None) -> float:
-    from autotune.forecast import FLOOR
+def _models(study: Any, max_model_len: int | None) -> dict[str, Any]:
+    """Level -> the study's model calibrated at that level (autotune.strategy.study_model), or None."""
     from autotune.strategy import study_model
 
-    got = study_model(study, space, max_model_len, level=level)
-    return max(FLOOR, got[0].noise) if got else FLOOR
+    levels = levels_of(study)
+    return {x: study_model(study, None, max_model_len, level=None if x == levels[0] else x) for x in levels}
+
+
+def _noise(models: Mapping[str, Any]) -> float:
+    """The widest noise the levels' models measured, at least the forecast's floor."""
+    from autotune.forecast import FLOOR
+
+    return max((max(FLOOR, got[0].noise) if got else FLOOR) for got in models.values())
 
 
 def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, Any] | None:
@@ -194,7 +201,6 @@ def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, An
 
     from autotune.forecast import REPLAYED
     from autotune.pareto import choose
-    from autotune.strategy import study_model
 
     if not schedulable(study):
         return None
@@ -215,9 +221,10 @@ def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, An
     depths = next((p.values() for p in space.params if p.name == "num_speculative_tokens"), ())
     family = _family(study, pick)
     tried = {int(attrs.candidate(t).get("num_speculative_tokens") or 0) for t in trials if attrs.role(t) == attrs.DEPTH}
+    models = _models(study, max_model_len)
     # 1. The forecast-best depth at each level, if not measured yet.
     for level in (x for x in levels if batch_of(x) is not None):
-        got = study_model(study, space, max_model_len, level=None if level == primary else level)
+        got = models[level]
         if got is None:
             continue
         scored = [(f.speedup, k) for k in depths
@@ -229,7 +236,7 @@ def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, An
             return {"params": {**pick, "num_speculative_tokens": k}, "role": attrs.DEPTH,
                     "why": f"best depth at {level} by forecast: predicted {s:.2f}x"}
     # 2. The schedule from what was measured.
-    noise = max(_noise(study, space, max_model_len, None if x == primary else x) for x in levels)
+    noise = _noise(models)
     family_m = {k: attrs.measurement(t) for k, t in family.items()}
     picks = best_depths(family_m, levels, primary, noise)
     if len({p.k for p in picks}) <= 1:
@@ -277,8 +284,8 @@ def verdict(study: Any) -> dict[str, Any] | None:
     if not feasible(t):
         return {**out, "status": "fell back", "why": "the scheduled config's outputs failed the correctness checks"}
     levels, primary = levels_of(study), levels_of(study)[0]
-    noise = plan.get("noise") if own and plan.get("noise") else max(
-        _noise(study, None, study.user_attrs.get(attrs.MAX_MODEL_LEN), None if x == primary else x) for x in levels)
+    noise = plan.get("noise") if own and plan.get("noise") else \
+        _noise(_models(study, study.user_attrs.get(attrs.MAX_MODEL_LEN)))
     out["noise"] = noise
     members = _family(study, pick)
     fixed = {}
@@ -301,9 +308,10 @@ def verdict(study: Any) -> dict[str, Any] | None:
             "why": f"within the noise ({noise:.0%}) of the best fixed depth at every level and under the ramp"}
 
 
-def scheduled_trial(study: Any) -> Any | None:
-    """The schedule's trial when it is recommended (the pick), else None."""
-    v = verdict(study)
+def scheduled_trial(study: Any, v: dict[str, Any] | None = None) -> Any | None:
+    """The schedule's trial when it is recommended (the pick), else None; ``v``: its ``verdict``
+    where the caller has it already."""
+    v = verdict(study) if v is None else v
     if not v or v.get("status") != "recommended":
         return None
     return next(t for t in study.get_trials(deepcopy=False) if t.number == v["trial"])

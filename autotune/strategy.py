@@ -134,7 +134,7 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
     from optuna.trial import TrialState
 
     from autotune.metrics import ratio_interval
-    from autotune.pareto import feasible, reference_trial, superseded
+    from autotune.pareto import feasible, is_schedule, reference_trial, superseded
     from autotune.study import baseline_trial
 
     base, ref = baseline_trial(study), reference_trial(study)
@@ -159,9 +159,9 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
             failed.append(attrs.candidate(t))
         elif t.state == TrialState.COMPLETE:
             m = attrs.measurement(t)
-            c = attrs.candidate(t)
-            if m.get("output_tok_s" + at) is None or "num_speculative_tokens_per_batch_size" in c:
+            if m.get("output_tok_s" + at) is None or is_schedule(t):
                 continue  # not measured at this level; a schedule is no fixed depth
+            c = attrs.candidate(t)
             s = m["output_tok_s" + at] / bm["output_tok_s" + at] if bm.get("output_tok_s" + at) else float("nan")
             lo, hi = ratio_interval(m.get("output_tok_s_windows" + at, []), bm.get("output_tok_s_windows" + at, []))
             if math.isfinite(s):

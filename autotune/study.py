@@ -336,11 +336,6 @@ def _queue_remeasure(study: optuna.Study) -> bool:
     return queued
 
 
-def _remeasures_waiting(study: optuna.Study) -> bool:
-    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    return bool(waiting) and all(attrs.role(t) == attrs.REMEASURE for t in waiting)
-
-
 def _waiting(study: optuna.Study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
@@ -468,6 +463,6 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         cause = explain(outcome.log_path)
         trial.set_user_attr(attrs.FAILURE, ev.failure + cause)
         study.tell(trial, state=TrialState.FAIL)
-    else:
-        study.tell(trial, ev.values)
-    return ev.summary() + (cause if ev.failure else "")
+        return ev.summary() + cause
+    study.tell(trial, ev.values)
+    return ev.summary()
