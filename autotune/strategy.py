@@ -213,7 +213,8 @@ def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_d
         kwargs.pop("kv_cache_dtype", None)
         job = trace_job(kwargs, base.user_attrs.get(attrs.OUTPUTS, []), cfg.engine_module)
         out = run_trial(job, results_dir / "draft-trace", timeout_s=cfg.trial_timeout_s, env=env)
-        study.set_user_attr(attrs.DRAFT_TRACE, {"argmax": out.raw["traces"], "wall_s": round(out.wall_s, 1)}
+        study.set_user_attr(attrs.DRAFT_TRACE, {"argmax": out.raw["traces"], "wall_s": round(out.wall_s, 1),
+                                                    "rank_mismatches": out.raw.get("rank_mismatches")}
                             if out.raw is not None else {"failure": out.failure, "wall_s": round(out.wall_s, 1)})
 
 

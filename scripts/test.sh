@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 eval "$(bash scripts/services.sh)"  # chromium and a PostgreSQL server for the report and shared-study tests
-exec .venv/bin/python -m pytest -ra "$@"
+exec .venv/bin/python -m pytest -ra --durations=20 "$@"

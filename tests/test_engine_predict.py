@@ -72,7 +72,8 @@ def test_forecast_mean_accepted_length_matches_vllms_counters(predicted):
     assert {t.user_attrs["candidate"]["method"] for t in trials} == {"ngram", "draft_model"}
     for t in trials:
         said, m = t.user_attrs["predicted"], t.user_attrs["measurement"]
-        assert said["mean_accepted_length"] == pytest.approx(m["mean_accepted_length"], rel=0.03), t.user_attrs["label"]
+        assert said["mean_accepted_length"] == pytest.approx(m["mean_accepted_length"], rel=0.03), \
+            (t.user_attrs["label"], {k: v for k, v in study.user_attrs["draft_trace"].items() if k != "argmax"})
 
 
 def test_forecast_matches_for_each_kind_of_request(predicted):
