@@ -14,7 +14,12 @@ METHODS = ("none", *SPEC_METHODS)
 # Keys a search space may set, by where they go in vLLM's arguments.
 SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
-             "suffix_decoding_min_token_prob", "num_speculative_tokens_per_batch_size")
+             "suffix_decoding_min_token_prob", "num_speculative_tokens_per_batch_size",
+             "rejection_sample_method", "draft_sample_method")
+# vLLM's own values for the lossless verification knobs: they change only sampled requests (a greedy
+# request accepts a draft token exactly when it is the target's argmax, whichever the method), so a
+# candidate at these values is the same engine as one that leaves them out.
+SPEC_DEFAULTS = {"rejection_sample_method": "standard", "draft_sample_method": "greedy"}
 ENGINE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "enforce_eager", "max_num_seqs",
                "max_num_batched_tokens")
 COMPILATION_KEYS = ("cudagraph_mode",)
@@ -126,6 +131,10 @@ class Candidate:
             parts.append(f"k={p['num_speculative_tokens']}")
         if "prompt_lookup_max" in p:
             parts.append(f"lookup={p.get('prompt_lookup_min', 1)}..{p['prompt_lookup_max']}")
+        if p.get("rejection_sample_method", "standard") != "standard":
+            parts.append(f"verify={p['rejection_sample_method']}")
+        if p.get("draft_sample_method", "greedy") != "greedy":
+            parts.append(f"drafts={p['draft_sample_method']}")
         if p.get("dtype", "default") != "default":
             parts.append(p["dtype"])
         if p.get("kv_cache_dtype", "auto") != "auto":
@@ -162,6 +171,7 @@ class Candidate:
             model_setting = MODEL_FOR_METHOD.get(self.method)
             if model_setting:
                 spec["model"] = getattr(settings, model_setting)
-            spec.update({k: self.params[k] for k in SPEC_KEYS if k in self.params})
+            spec.update({k: self.params[k] for k in SPEC_KEYS if k in self.params
+                         and self.params[k] != SPEC_DEFAULTS.get(k)})
             kw["speculative_config"] = spec
         return kw

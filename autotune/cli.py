@@ -238,7 +238,8 @@ def search(
     try_: Annotated[Optional[list[str]], typer.Option(
         "--try", help="A config to measure first, as JSON of space parameters, e.g. "
                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'; knobs left out take the "
-                      "space's baseline values (kv_cache_dtype, quantization, ...). Repeatable.")] = None,
+                      "space's baseline values (kv_cache_dtype, quantization, ...), the verification knobs vLLM's "
+                      "(rejection_sample_method standard, draft_sample_method greedy). Repeatable.")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model repos to run their own code.")] = False,
     workers: Annotated[int, typer.Option(min=1, envvar="AUTOTUNE_WORKERS",
                                          help="Trials run in parallel, each on its own share of this host's "

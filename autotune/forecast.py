@@ -12,7 +12,9 @@ its replayed T gives r = T (1/S - f) / (1 - f)), per method, as r = 1 + a + b*k 
 regression (a fixed cost per step, a cost per drafted token), so a method with one measured depth
 already predicts the others, and its uncertainty shrinks as depths are measured. Knobs that change
 the step in ways no replay sees (KV dtype, dtype, quantization, eager or compiled) enter as a
-measured factor on the speedup, one per knob value, shrunk towards 1 until it has been measured.
+measured factor on the speedup, one per knob value, shrunk towards 1 until it has been measured;
+so do the lossless verification knobs (block verification, probabilistic drafts), whose gain on
+sampled requests the replay of the standard rule does not see.
 Methods no replay covers (EAGLE, MTP, suffix) get no prediction and are measured as before.
 Pure numpy over plain data: no Optuna, no vLLM.
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.candidate import Candidate
+from autotune.candidate import SPEC_DEFAULTS, Candidate
 from autotune.predict import Acceptance, DraftTrace, draft_acceptance, draft_traces, ngram_acceptance
 
 REPLAYED = ("ngram", "draft_model")  # methods whose acceptance the baseline's tokens give
@@ -132,12 +134,13 @@ class AcceptanceTable:
 
 def knobs(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
     """The knobs no replay sees, where they differ from the baseline's values."""
-    return {k: v for k, v in params.items() if k not in SHAPE and baseline.get(k) != v}
+    return {k: v for k, v in params.items() if k not in SHAPE and baseline.get(k, SPEC_DEFAULTS.get(k)) != v}
 
 
 def plain(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
     """The candidate with its unreplayed knobs at the baseline's values."""
-    return {**params, **{k: baseline[k] for k in knobs(params, baseline) if k in baseline}}
+    base = {**SPEC_DEFAULTS, **baseline}
+    return {**params, **{k: base[k] for k in knobs(params, baseline) if k in base}}
 
 
 @dataclass(frozen=True)

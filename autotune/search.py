@@ -99,6 +99,12 @@ def _settings(o: SearchOptions, platform: str) -> Any:
                     trust_remote_code=o.trust_remote_code)
 
 
+def _workload_needs(wl: Any) -> set[str]:
+    """What a space's ``needs:`` can ask of the workload: sampled requests, for the verification knobs
+    (block verification, probabilistic drafts) that change nothing on a greedy request."""
+    return {"sampled_requests"} if wl.greedy_share < 1.0 else set()
+
+
 def prepare(o: SearchOptions) -> Prepared:
     """Check every input (exit 2 on bad input) before any engine starts."""
     from autotune import devices, hardware
@@ -126,7 +132,7 @@ def prepare(o: SearchOptions) -> Prepared:
     platform = hardware.detect()
     settings = _settings(o, platform)
     sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
-                    models=settings.available_models(), tags=hardware.platform_tags(platform))
+                    models=settings.available_models() | _workload_needs(wl), tags=hardware.platform_tags(platform))
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
                        trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
     name = o.study or Path(o.workload).stem
@@ -230,7 +236,14 @@ def parse_try(text: str, space: Any) -> dict[str, Any]:
         why = check_ranges(params[SCHEDULE_KEY], params.get("num_speculative_tokens"))
         if why:
             raise BadInput(f"--try: key {SCHEDULE_KEY!r}: {why}")
-    # The config given, not a sampler's variation of it: knobs left out take the baseline's values.
-    return {**space.baseline_trial_params(), **params}
+    # The config given, not a sampler's variation of it: knobs left out take the baseline's values,
+    # and a verification knob the baseline has no say in (it does not speculate) takes vLLM's own.
+    from autotune.candidate import SPEC_DEFAULTS
+
+    given = {**space.baseline_trial_params(), **params}
+    for p in space.params:
+        if p.name not in given and p.name in SPEC_DEFAULTS and p.active(given) and SPEC_DEFAULTS[p.name] in p.values():
+            given[p.name] = SPEC_DEFAULTS[p.name]
+    return given
 
 

@@ -129,7 +129,9 @@ def _parse_choices(src: str, name: str, raw: Any, platform: str, tags: set[str],
                 continue
             if needs is not None and needs not in models:
                 hint = {"mtp_layers": "a model with MTP layers",
-                        "moe_layers": "a mixture-of-experts model"}.get(needs, f"--{needs.replace('_', '-')}")
+                        "moe_layers": "a mixture-of-experts model",
+                        "sampled_requests": "sampled requests (temperature > 0) in the workload"
+                        }.get(needs, f"--{needs.replace('_', '-')}")
                 dropped.append(f"{name}={value} (needs {hint})")
                 continue
         else:

@@ -1,0 +1,95 @@
+"""The lossless verification knobs (issue 12, item 5): block verification and probabilistic drafts,
+offered only where the workload has sampled requests, exported as vLLM reads them."""
+
+import json
+import shlex
+
+import optuna
+import pytest
+
+from autotune.candidate import Candidate, Settings
+from autotune.export import command
+from autotune.forecast import knobs, plain
+from autotune.search import _workload_needs, parse_try
+from autotune.space import load_space
+from autotune.workload import load_workload
+
+SETTINGS = Settings(model="/m/t", draft_model="/m/d", max_model_len=512)
+TAGS = {"cpu", "cpu-avx512"}
+
+
+def _space(sampled: bool, name: str = "cpu"):
+    return load_space(name, platform="cpu", models={"draft_model"} | ({"sampled_requests"} if sampled else set()),
+                      tags=TAGS)
+
+
+def _choices(space, name):
+    return next(p for p in space.params if p.name == name).choices
+
+
+@pytest.mark.parametrize("name", ["cpu", "quick"])
+def test_greedy_workloads_keep_vllms_defaults_and_say_what_was_left_out(name):
+    s = _space(False, name)
+    assert _choices(s, "rejection_sample_method") == ("standard",)
+    assert _choices(s, "draft_sample_method") == ("greedy",)
+    assert "rejection_sample_method=block (needs sampled requests (temperature > 0) in the workload)" in s.dropped
+    assert not any("verify=" in c.label or "drafts=" in c.label for c in s.grid())
+
+
+def test_sampled_workloads_offer_block_verification_and_probabilistic_drafts():
+    s = _space(True)
+    assert _choices(s, "rejection_sample_method") == ("standard", "block")
+    assert _choices(s, "draft_sample_method") == ("greedy", "probabilistic")
+    labels = {c.label for c in s.grid()}
+    assert "ngram k=3 lookup=1..4 verify=block compiled" in labels
+    assert "draft_model k=3 drafts=probabilistic compiled" in labels
+    # vLLM caches draft probabilities only for its standard rule: no probabilistic drafts with block.
+    assert not any("verify=block" in x and "drafts=" in x for x in labels)
+    # ngram proposes tokens, not a distribution: the draft sampling knob is a draft model's only.
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    for _ in range(60):
+        c = s.suggest(study.ask())
+        assert ("draft_sample_method" in c.params) == (c.method == "draft_model"
+                                                       and c.params["rejection_sample_method"] == "standard")
+
+
+def test_the_workload_decides_what_is_offered(tmp_path):
+    f = tmp_path / "w.jsonl"
+    f.write_text(json.dumps({"prompt": "a", "max_tokens": 4}) + "\n")
+    assert _workload_needs(load_workload(str(f))) == set()
+    f.write_text(f.read_text() + json.dumps({"prompt": "b", "max_tokens": 4, "temperature": 0.7}) + "\n")
+    assert _workload_needs(load_workload(str(f))) == {"sampled_requests"}
+
+
+def test_vllms_defaults_stay_out_of_the_engine_arguments_and_the_rest_reach_vllms_parser():
+    from autotune.vllm_cli import engine_args_from_serve
+
+    same = Candidate({"method": "draft_model", "num_speculative_tokens": 3, "rejection_sample_method": "standard",
+                      "draft_sample_method": "greedy"}).engine_kwargs(SETTINGS)
+    assert same == Candidate({"method": "draft_model", "num_speculative_tokens": 3}).engine_kwargs(SETTINGS)
+    for params, want in (({"rejection_sample_method": "block"}, ("block", "greedy")),
+                         ({"draft_sample_method": "probabilistic"}, ("standard", "probabilistic"))):
+        kw = Candidate({"method": "draft_model", "num_speculative_tokens": 3, **params}).engine_kwargs(SETTINGS)
+        args = engine_args_from_serve(shlex.split(command(kw))[2:])
+        spec = args.speculative_config
+        assert (spec["rejection_sample_method"] if "rejection_sample_method" in spec else "standard",
+                spec["draft_sample_method"] if "draft_sample_method" in spec else "greedy") == want
+
+
+def test_a_verification_knob_is_a_measured_factor_to_the_forecast_and_its_default_is_not():
+    base = _space(True).baseline
+    std = {"method": "ngram", "num_speculative_tokens": 3, "rejection_sample_method": "standard",
+           "kv_cache_dtype": "auto", "dtype": "default", "enforce_eager": False}
+    assert knobs(std, base) == {}
+    block = {**std, "rejection_sample_method": "block"}
+    assert knobs(block, base) == {"rejection_sample_method": "block"}
+    assert plain(block, base) == std
+
+
+def test_try_leaves_the_verification_knobs_at_vllms_defaults():
+    got = parse_try('{"method": "draft_model", "num_speculative_tokens": 2}', _space(True))
+    assert got["rejection_sample_method"] == "standard" and got["draft_sample_method"] == "greedy"
+    got = parse_try('{"method": "draft_model", "num_speculative_tokens": 2, "rejection_sample_method": "block"}',
+                    _space(True))
+    assert got["rejection_sample_method"] == "block" and "draft_sample_method" not in got
+    assert "rejection_sample_method" not in parse_try('{"method": "none"}', _space(True))
