@@ -152,6 +152,10 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
     for key in [k for k in first if k == "noisy" or k.startswith("noisy@")]:
         m[key] = noisy(m.get("output_tok_s_windows" + key[len("noisy"):], []))
     m["instances"] = first.get("instances", 1) + again.get("instances", 1)
+    a, b = first.get("output_tok_s_windows"), again.get("output_tok_s_windows")
+    if a and b:  # how far one config moved between engine instances: the noise a comparison meets
+        moved = abs(float(np.median(b)) / float(np.median(a)) - 1.0) if np.median(a) > 0 else 0.0
+        m["instance_spread"] = max(moved, first.get("instance_spread", 0.0))
     return m
 
 

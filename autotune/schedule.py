@@ -194,6 +194,17 @@ def _noise(models: Mapping[str, Any]) -> float:
     return max((max(FLOOR, got[0].noise) if got else FLOOR) for got in models.values())
 
 
+def instance_spread(study: Any) -> float:
+    """The most one config's throughput moved between two engine instances in this study (its
+    re-measurements on fresh engines; autotune.metrics.pool), 0 where none was re-measured. The
+    schedule and the fixed depths it is judged against each ran on one engine, so their ratio
+    carries that spread whatever the windows inside one engine say."""
+    from optuna.trial import TrialState
+
+    return max((float(attrs.measurement(t).get("instance_spread") or 0.0)
+                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))), default=0.0)
+
+
 def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, Any] | None:
     """What the schedule needs measured next: ``{"params", "role", "why", "ranges"?}``, or None when
     nothing (no levels, a pick no replay covers, or done). Records the outcome in the study."""
@@ -286,7 +297,9 @@ def verdict(study: Any) -> dict[str, Any] | None:
     levels, primary = levels_of(study), levels_of(study)[0]
     noise = plan.get("noise") if own and plan.get("noise") else \
         _noise(_models(study, study.user_attrs.get(attrs.MAX_MODEL_LEN)))
-    out["noise"] = noise
+    spread = instance_spread(study)
+    noise = max(noise, spread)
+    out["noise"], out["instance_spread"] = noise, spread
     members = _family(study, pick)
     fixed = {}
     for level in levels:
@@ -298,14 +311,15 @@ def verdict(study: Any) -> dict[str, Any] | None:
     checks = judge(attrs.measurement(t), fixed, primary, noise)
     out["checks"] = [asdict(c) for c in checks]
     bad = [c for c in checks if not c.ok]
+    said = f"{noise:.0%}" + (", the most a config moved between engine instances here" if spread >= noise else "")
     if bad or len(checks) < len(levels):
         worst = min(bad, key=lambda c: c.ratio) if bad else None
         why = (f"at {worst.level} the schedule measured {worst.ratio:.2f}x the best fixed depth ({worst.fixed}), "
-               f"[{worst.lo:.2f}-{worst.hi:.2f}], worse than the noise ({noise:.0%}) allows: the best fixed "
+               f"[{worst.lo:.2f}-{worst.hi:.2f}], worse than the noise ({said}) allows: the best fixed "
                "config stays the pick") if worst else "no fixed depth of its method was measured at every level"
         return {**out, "status": "fell back", "why": why}
     return {**out, "status": "recommended",
-            "why": f"within the noise ({noise:.0%}) of the best fixed depth at every level and under the ramp"}
+            "why": f"within the noise ({said}) of the best fixed depth at every level and under the ramp"}
 
 
 def scheduled_trial(study: Any, v: dict[str, Any] | None = None) -> Any | None:

@@ -74,3 +74,6 @@ def test_pool_joins_two_engines_windows_and_rederives_their_medians():
     assert m["output_tok_s@concurrency=4"] == 6.5 and m["output_tok_s_mad@concurrency=4"] == 1.0
     assert m["windows"] == 4 and m["instances"] == 2 and m["noisy"]  # 1.5 / 12 > 3%: the instances disagree
     assert m["mean_accepted_length"] == 3.0 and m["windows@concurrency=4"] == 4
+    # The second engine ran 13.5 / 10.5 of the first: the spread a comparison across engines meets.
+    assert m["instance_spread"] == pytest.approx(13.5 / 10.5 - 1)
+    assert pool(m, {"output_tok_s_windows": [12.0]})["instance_spread"] == pytest.approx(13.5 / 10.5 - 1)

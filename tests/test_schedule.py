@@ -15,7 +15,7 @@ from autotune.export import command, config_yaml, llm_kwargs_json
 from autotune.load import LoadPattern, level_loads, parse_levels, ramp_limits
 from autotune.errors import BadInput
 from autotune.results import write_results
-from autotune.schedule import LevelPick, best_depths, judge, ranges
+from autotune.schedule import LevelPick, best_depths, instance_spread, judge, ranges
 from autotune.space import load_space
 from autotune.study import StudyConfig, run_study
 from autotune.workload import load_workload
@@ -120,6 +120,8 @@ def test_fake_study_recommends_a_schedule_that_holds_at_every_level_and_under_th
     # Alone and at 4 in flight depth 4 is best; at 8 no speculation: the ranges split at sqrt(4*8).
     assert s["status"] == "recommended", s
     assert s["ranges"] == [[1, 5, 4], [6, 256, 0]]
+    # Judged by at least the spread the study's fresh-engine re-measurements showed.
+    assert s["noise"] >= s["instance_spread"] == instance_spread(study)
     assert {c["level"] for c in s["checks"]} == {"concurrency=1", "concurrency=4", "concurrency=8", "ramp=8"}
     assert report["best"]["trial"] == s["trial"]
     spec = report["best"]["engine_kwargs"]["speculative_config"]
