@@ -201,7 +201,7 @@ def warm_start(path: Path, space: Any, settings: Any, workload: str, say: Consol
     picks = ([old["best"]] if old.get("best") else []) + list(old.get("pareto") or [])
     params: list[dict[str, Any]] = []
     for e in picks:
-        p = {**space.baseline_trial_params(), **{k: v for k, v in e["candidate"].items() if k in names}}
+        p = exactly({k: v for k, v in e["candidate"].items() if k in names}, space)
         if p not in params and p.get("method", "none") in methods:
             params.append(p)
     deployed = params.pop(0) if params and old.get("best") and \
@@ -236,8 +236,13 @@ def parse_try(text: str, space: Any) -> dict[str, Any]:
         why = check_ranges(params[SCHEDULE_KEY], params.get("num_speculative_tokens"))
         if why:
             raise BadInput(f"--try: key {SCHEDULE_KEY!r}: {why}")
-    # The config given, not a sampler's variation of it: knobs left out take the baseline's values,
-    # and a verification knob the baseline has no say in (it does not speculate) takes vLLM's own.
+    return exactly(params, space)
+
+
+def exactly(params: dict[str, Any], space: Any) -> dict[str, Any]:
+    """The config given, not a sampler's variation of it (``--try``, a warm start's old configs):
+    knobs left out take the baseline's values, and a verification knob the baseline has no say in
+    (it does not speculate) takes vLLM's own."""
     from autotune.candidate import SPEC_DEFAULTS
 
     given = {**space.baseline_trial_params(), **params}

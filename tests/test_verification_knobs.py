@@ -93,3 +93,18 @@ def test_try_leaves_the_verification_knobs_at_vllms_defaults():
                     _space(True))
     assert got["rejection_sample_method"] == "block" and "draft_sample_method" not in got
     assert "rejection_sample_method" not in parse_try('{"method": "none"}', _space(True))
+
+
+def test_a_warm_start_from_results_before_these_knobs_re_measures_the_deployed_config(tmp_path):
+    from rich.console import Console
+
+    from autotune.results import SCHEMA_VERSION
+    from autotune.search import warm_start
+
+    old = {"schema_version": SCHEMA_VERSION, "best": {"label": "draft_model k=2 compiled", "candidate": {
+        "method": "draft_model", "num_speculative_tokens": 2, "kv_cache_dtype": "auto", "dtype": "default",
+        "enforce_eager": False}}, "pareto": []}
+    (tmp_path / "best.json").write_text(json.dumps(old))
+    deployed, _ = warm_start(tmp_path, _space(True), SETTINGS, "w.jsonl", Console(quiet=True))
+    assert deployed == {**old["best"]["candidate"], "rejection_sample_method": "standard",
+                        "draft_sample_method": "greedy"}
