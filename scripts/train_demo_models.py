@@ -59,13 +59,29 @@ TOKENIZER_DOCS, TOKENIZER_SEED = 40000, 12345  # the tokenizer is trained on the
 EVAL_SEED = 4242  # held-out evaluation examples come from another seed
 
 
-def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+# A JSON record's key with its quotes, colon and the value's opening quote, as one token each
+# (--key-tokens): the value then follows its key directly, so copying it is a one-token induction
+# (find this key token in the prompt, copy what follows). With the byte-level BPE alone a value sits
+# three tokens after its key (`city` `":` ` "` `Berlin`), and the 4-layer target never learned to
+# copy city and status that way (docs/findings.md).
+# Each with and without the space that separates it from the field before (matching takes the
+# longest).
+_KEYS = [f'"{k}": "' for k in ("order_id", "customer", "city", "status", "sku", "name")] + \
+        [f'"{k}": ' for k in ("items", "qty", "price")]
+KEY_TOKENS = _KEYS + [" " + k for k in _KEYS]
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, *, key_tokens: bool = False) -> PreTrainedTokenizerFast:
+    from tokenizers import AddedToken
+
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
+    if key_tokens:  # matched in the raw text before the byte-level split, so they stay whole
+        tok.add_tokens([AddedToken(k, normalized=False, single_word=False) for k in KEY_TOKENS])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token=EOS,
                                    unk_token="<unk>", pad_token="<pad>")
     fast.chat_template = CHAT_TEMPLATE
@@ -230,6 +246,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["target", "draft"], help="train one model of the pair")
     ap.add_argument("--copy-share", type=float, default=0.4, help="share of batches of qty edits alone")
     ap.add_argument("--edit-weight", type=float, default=1.0, help="loss weight of a JSON record's city and status")
+    ap.add_argument("--key-tokens", action="store_true", help="one token per JSON key with its quotes and colon "
+                                                              "(a value then follows its key directly)")
     ap.add_argument("--init-from", type=Path, help="a trained pair's folder: keep its tokenizer and go on "
                                                    "training its target (the draft trains from scratch)")
     args = ap.parse_args()
@@ -238,7 +256,7 @@ def main() -> None:
     if args.init_from:
         tok = PreTrainedTokenizerFast.from_pretrained(args.init_from / "target")
     else:
-        tok = train_tokenizer(documents(n_docs, seed=TOKENIZER_SEED), vocab)
+        tok = train_tokenizer(documents(n_docs, seed=TOKENIZER_SEED), vocab, key_tokens=args.key_tokens)
     rows = Rows(tok, 4000 if args.quick else TRAINING_DOCS, seed=TRAINING_SEED)
     rows.copy_share, rows.edit_weight = args.copy_share, args.edit_weight
     print(f"corpus: {len(rows.rows)} documents, vocab {len(tok)}", flush=True)
@@ -247,7 +265,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     report_path = args.out / "training.json"
     report = json.loads(report_path.read_text()) if args.only and report_path.exists() else {}
-    report.update({"documents": len(rows.rows), "vocab": len(tok), "batch": args.batch, "lr": args.lr})
+    report.update({"documents": len(rows.rows), "vocab": len(tok), "batch": args.batch, "lr": args.lr,
+                   "key_tokens": bool(args.key_tokens), "copy_share": args.copy_share, "edit_weight": args.edit_weight})
     if args.init_from:
         import subprocess  # the commit that holds the pair it goes on from, for whoever retraces it
 
