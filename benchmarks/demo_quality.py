@@ -7,7 +7,10 @@ exactly the asked change (compared parsed), log summaries must count the log's l
 answers must name the question's order, product and city. Then the draft's acceptance (draft_model
 k=3 and ngram k=3 lookup 2..4 on json_edit, vLLM's counters, one window each).
 
-    .venv/bin/python benchmarks/demo_quality.py [--fresh 64] [--no-speculation]
+    .venv/bin/python benchmarks/demo_quality.py [--fresh 64] [--no-speculation] [--pair DIR]
+
+``--pair`` judges a retrained pair (a folder with ``target/`` and ``draft/``, as
+``scripts/train_demo_models.py --out`` writes) before it replaces the bundled one.
 """
 
 from __future__ import annotations
@@ -39,10 +42,13 @@ def fresh_workload(path: Path, n: int) -> Path:
     return path
 
 
+PAIR = demo.MODELS  # --pair
+
+
 def outputs(workload: Path, params: dict[str, Any], work: Path, *, concurrency: int = 8) -> dict[str, Any]:
     """One worker run of the demo target on ``workload``: texts by request id, and the measurement."""
     wl = load_workload(workload)
-    settings = Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), max_model_len=demo.MAX_MODEL_LEN,
+    settings = Settings(model=str(PAIR / "target"), draft_model=str(PAIR / "draft"), max_model_len=demo.MAX_MODEL_LEN,
                         gpu_memory_utilization=0.3, dtype=demo.DTYPE)
     cfg = StudyConfig(name="quality", results_dir=work, settings=settings, load=LoadPattern(concurrency=concurrency),
                       repeats=1, warmup=2, samples=0, trial_timeout_s=900)
@@ -70,7 +76,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fresh", type=int, default=64, help="held-out corpus prompts (all four domains)")
     ap.add_argument("--no-speculation", action="store_true", help="skip the acceptance runs")
+    ap.add_argument("--pair", type=Path, default=demo.MODELS, help="a pair's folder (target/, draft/)")
     args = ap.parse_args()
+    global PAIR
+    PAIR = args.pair.resolve()
+    print(f"pair: {PAIR}")
     work = Path(tempfile.mkdtemp())
     sets = {"examples/json_edit.jsonl": Path("examples/json_edit.jsonl"),
             "examples/support_chat.jsonl": Path("examples/support_chat.jsonl"),

@@ -237,7 +237,9 @@ def test_a_partial_try_measures_the_lossless_config_and_the_distribution_test_fl
     study, report = tried
     t = next(t for t in study.trials if t.user_attrs.get("role") != "baseline")
     # The knobs the --try left out are the space's baseline values, not the sampler's draw.
+    # The verification knobs (offered: the requests are sampled) take vLLM's defaults.
     assert t.user_attrs["candidate"] == {"method": "draft_model", "num_speculative_tokens": 3,
+                                         "rejection_sample_method": "standard", "draft_sample_method": "greedy",
                                          "kv_cache_dtype": "auto", "enforce_eager": True}
     v = t.user_attrs["verdict"]
     assert v["status"] == "failed" and "differ in distribution" in v["reason"], v["reason"]
