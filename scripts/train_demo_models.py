@@ -106,6 +106,7 @@ class Rows:
         self.rng = random.Random(seed)
         self.pad = tok.pad_token_id
         self.copy_share = 0.4  # batches of qty edits alone (--copy-share)
+        self.json_share = 0.3  # batches of JSON edits alone (--json-share)
         # The value after `"city": "` and `"status": "`: the two fields an instruction may replace,
         # 2 of ~100 tokens of a record, and the two the shipped target gets wrong (docs/findings.md).
         # --edit-weight counts their loss that many times (the shipped pair: 1, plain loss).
@@ -123,8 +124,8 @@ class Rows:
 
     def batch(self, size: int, window: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         u = self.rng.random()
-        order = self.copy_by_length if u < self.copy_share else self.json_by_length if u < self.copy_share + 0.3 \
-            else self.by_length
+        order = self.copy_by_length if u < self.copy_share else \
+            self.json_by_length if u < self.copy_share + self.json_share else self.by_length
         start = self.rng.randrange(max(1, len(order) - window))
         picked = [self.rows[order[start + self.rng.randrange(min(window, len(order)))]] for _ in range(size)]
         width = max(len(ids) for ids, _ in picked) - 1
@@ -245,6 +246,7 @@ def main() -> None:
     ap.add_argument("--stop-at", type=float, default=0.97, help="exact-edit rate that ends the target's training")
     ap.add_argument("--only", choices=["target", "draft"], help="train one model of the pair")
     ap.add_argument("--copy-share", type=float, default=0.4, help="share of batches of qty edits alone")
+    ap.add_argument("--json-share", type=float, default=0.3, help="share of batches of JSON edits alone")
     ap.add_argument("--edit-weight", type=float, default=1.0, help="loss weight of a JSON record's city and status")
     ap.add_argument("--key-tokens", action="store_true", help="one token per JSON key with its quotes and colon "
                                                               "(a value then follows its key directly)")
@@ -258,7 +260,7 @@ def main() -> None:
     else:
         tok = train_tokenizer(documents(n_docs, seed=TOKENIZER_SEED), vocab, key_tokens=args.key_tokens)
     rows = Rows(tok, 4000 if args.quick else TRAINING_DOCS, seed=TRAINING_SEED)
-    rows.copy_share, rows.edit_weight = args.copy_share, args.edit_weight
+    rows.copy_share, rows.json_share, rows.edit_weight = args.copy_share, args.json_share, args.edit_weight
     print(f"corpus: {len(rows.rows)} documents, vocab {len(tok)}", flush=True)
     if args.quick:
         args.target_steps, args.draft_steps, args.eval_every, args.eval_n = 3, 3, 3, 6
@@ -266,7 +268,8 @@ def main() -> None:
     report_path = args.out / "training.json"
     report = json.loads(report_path.read_text()) if args.only and report_path.exists() else {}
     report.update({"documents": len(rows.rows), "vocab": len(tok), "batch": args.batch, "lr": args.lr,
-                   "key_tokens": bool(args.key_tokens), "copy_share": args.copy_share, "edit_weight": args.edit_weight})
+                   "key_tokens": bool(args.key_tokens), "copy_share": args.copy_share, "json_share": args.json_share,
+                   "edit_weight": args.edit_weight})
     if args.init_from:
         import subprocess  # the commit that holds the pair it goes on from, for whoever retraces it
 

@@ -5,10 +5,10 @@ models users tune: asked to edit a record, it copies the record and changes the 
 retrain that loses the skill fails here. The same checks, with more sets, are
 benchmarks/demo_quality.py.
 
-Held at the levels the shipped pair reaches (README, "The demo model pair"): config edits exact,
-JSON records copied field by field. Issue 11's bar of 90% exact JSON records is not reached yet:
-the pair gets every field but `city` and `status` (see docs/findings.md), so exact JSON is
-measured and reported, not held.
+Held at the levels the shipped pair reaches, with a margin (README, "The demo model pair"):
+config edits exact, JSON records exact and field by field. Issue 11's bar of 90% exact edits is
+not reached on every set yet (the second item of a record is the one it gets wrong; see
+docs/findings.md), so the thresholds are what the pair does, not that bar.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from demo_quality import judged, outputs  # noqa: E402
 from autotune.demo.corpus import fresh_examples  # noqa: E402
 
 pytestmark = pytest.mark.engine
-CONFIG_EXACT = 0.85  # measured: 100% on the examples, 93% on a fresh 64-request set
-JSON_FIELDS = 0.70  # share of a JSON record's fields right; measured: see the README
+CONFIG_EXACT = 0.90  # measured (benchmarks/demo_quality.py): 100% on the examples and on a fresh set
+JSON_EXACT = 0.60  # measured: 75% on the examples, 76% on a fresh set
+JSON_FIELDS = 0.90  # share of a JSON record's fields right; measured: 98%
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +53,4 @@ def test_the_target_returns_the_config_with_exactly_the_asked_edit(quality, name
 @pytest.mark.parametrize("name", ["examples", "fresh"])
 def test_the_target_copies_the_json_record_it_edits(quality, name):
     assert quality[name]["rates"]["json_fields"] >= JSON_FIELDS, quality[name]["failures"]
+    assert quality[name]["rates"]["json"] >= JSON_EXACT, quality[name]["failures"]
