@@ -194,6 +194,7 @@ def warm_start(path: Path, space: Any, settings: Any, workload: str, say: Consol
     baseline values, so the re-measured config is the deployed one, not a sampler's variation."""
     from autotune import hardware
     from autotune.results import load_report
+    from autotune.schedule import SCHEDULE_KEY
 
     old = load_report(path)
     names = {p.name for p in space.params}
@@ -201,7 +202,9 @@ def warm_start(path: Path, space: Any, settings: Any, workload: str, say: Consol
     picks = ([old["best"]] if old.get("best") else []) + list(old.get("pareto") or [])
     params: list[dict[str, Any]] = []
     for e in picks:
-        p = exactly({k: v for k, v in e["candidate"].items() if k in names}, space)
+        # A depth schedule is no space parameter but part of the config: a deployed schedule is
+        # re-measured as deployed, not as its fixed depth.
+        p = exactly({k: v for k, v in e["candidate"].items() if k in names or k == SCHEDULE_KEY}, space)
         if p not in params and p.get("method", "none") in methods:
             params.append(p)
     deployed = params.pop(0) if params and old.get("best") and \

@@ -39,8 +39,15 @@ def quality(tmp_path_factory):
     rows = [{"id": f"fresh-{i:02d}", "prompt": e.prompt, "max_tokens": 192, "temperature": 0.0}
             for i, e in enumerate(fresh_examples(32, seed=31337, domains=("json", "config")))]
     fresh.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = {name: judged(outputs(path, {"method": "none"}, work / name))
-           for name, path in (("examples", ROOT / "examples" / "json_edit.jsonl"), ("fresh", fresh))}
+    # One engine for both sets (each request's id says its set): an engine start saved.
+    both = work / "both.jsonl"
+    both.write_text((ROOT / "examples" / "json_edit.jsonl").read_text() + fresh.read_text())
+    run = outputs(both, {"method": "none"}, work / "both")
+    out = {}
+    for name, fresh_ids in (("examples", False), ("fresh", True)):
+        part = {**run, "texts": {k: v for k, v in run["texts"].items() if k.startswith("fresh-") == fresh_ids}}
+        out[name] = judged(part)
+        assert out[name]["n"] == 32  # 32 examples; 32 fresh prompts
     print({name: q["rates"] for name, q in out.items()})
     return out
 

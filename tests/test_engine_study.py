@@ -37,7 +37,10 @@ def study_dir(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     args = ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml", "--trials", "4",
             "--results", str(results), "--study", "e2e", "--trial-timeout", "300",
-            "--objectives", "output_tok_s,e2e_ms_p50,output_tok_s@4", "--max-repeats", "3"]
+            "--objectives", "output_tok_s,e2e_ms_p50,output_tok_s@4", "--max-repeats", "3",
+            # The schedule's path has its own real-engine study (test_engine_predict.py): here it
+            # would add depth and schedule trials to every test's setup.
+            "--no-schedule"]
     for t in TRIES:
         args += ["--try", t]
     r = CliRunner().invoke(app, args)

@@ -108,3 +108,20 @@ def test_a_warm_start_from_results_before_these_knobs_re_measures_the_deployed_c
     deployed, _ = warm_start(tmp_path, _space(True), SETTINGS, "w.jsonl", Console(quiet=True))
     assert deployed == {**old["best"]["candidate"], "rejection_sample_method": "standard",
                         "draft_sample_method": "greedy"}
+
+
+def test_a_warm_start_re_measures_a_deployed_schedule_as_deployed(tmp_path):
+    """Seen in the real-engine nightly test: a recommended schedule was the pick, and the warm
+    start re-measured its fixed depth instead (the schedule is no space parameter)."""
+    from rich.console import Console
+
+    from autotune.results import SCHEMA_VERSION
+    from autotune.search import warm_start
+
+    cand = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+            "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 256, 0]], "kv_cache_dtype": "auto",
+            "dtype": "default", "enforce_eager": False}
+    old = {"schema_version": SCHEMA_VERSION, "best": {"label": "ngram k=3@1-2,0@3+", "candidate": cand}, "pareto": []}
+    (tmp_path / "best.json").write_text(json.dumps(old))
+    deployed, _ = warm_start(tmp_path, _space(False), SETTINGS, "w.jsonl", Console(quiet=True))
+    assert deployed == {**cand, "rejection_sample_method": "standard"}
