@@ -131,10 +131,9 @@ class Candidate:
             parts.append(f"k={p['num_speculative_tokens']}")
         if "prompt_lookup_max" in p:
             parts.append(f"lookup={p.get('prompt_lookup_min', 1)}..{p['prompt_lookup_max']}")
-        if p.get("rejection_sample_method", "standard") != "standard":
-            parts.append(f"verify={p['rejection_sample_method']}")
-        if p.get("draft_sample_method", "greedy") != "greedy":
-            parts.append(f"drafts={p['draft_sample_method']}")
+        for key, short in (("rejection_sample_method", "verify"), ("draft_sample_method", "drafts")):
+            if p.get(key, SPEC_DEFAULTS[key]) != SPEC_DEFAULTS[key]:
+                parts.append(f"{short}={p[key]}")
         if p.get("dtype", "default") != "default":
             parts.append(p["dtype"])
         if p.get("kv_cache_dtype", "auto") != "auto":

@@ -361,9 +361,10 @@ def _speculation_ran(engine: Any) -> dict[str, Any] | None:
     spec = getattr(getattr(engine, "vllm_config", None), "speculative_config", None)
     if spec is None:
         return None
-    keys = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-            "rejection_sample_method", "draft_sample_method", "num_speculative_tokens_per_batch_size")
-    return {k: getattr(spec, k) for k in keys if isinstance(getattr(spec, k, None), (str, int, float, list))}
+    from autotune.candidate import SPEC_KEYS
+
+    return {k: getattr(spec, k) for k in ("method", *SPEC_KEYS)
+            if isinstance(getattr(spec, k, None), (str, int, float, list))}
 
 
 async def _windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],

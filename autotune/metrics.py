@@ -154,7 +154,8 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
     m["instances"] = first.get("instances", 1) + again.get("instances", 1)
     a, b = first.get("output_tok_s_windows"), again.get("output_tok_s_windows")
     if a and b:  # how far one config moved between engine instances: the noise a comparison meets
-        moved = abs(float(np.median(b)) / float(np.median(a)) - 1.0) if np.median(a) > 0 else 0.0
+        before = float(np.median(a))
+        moved = abs(float(np.median(b)) / before - 1.0) if before > 0 else 0.0
         m["instance_spread"] = max(moved, first.get("instance_spread", 0.0))
     return m
 

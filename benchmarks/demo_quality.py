@@ -42,13 +42,11 @@ def fresh_workload(path: Path, n: int) -> Path:
     return path
 
 
-PAIR = demo.MODELS  # --pair
-
-
-def outputs(workload: Path, params: dict[str, Any], work: Path, *, concurrency: int = 8) -> dict[str, Any]:
+def outputs(workload: Path, params: dict[str, Any], work: Path, *, concurrency: int = 8,
+            pair: Path = demo.MODELS) -> dict[str, Any]:
     """One worker run of the demo target on ``workload``: texts by request id, and the measurement."""
     wl = load_workload(workload)
-    settings = Settings(model=str(PAIR / "target"), draft_model=str(PAIR / "draft"), max_model_len=demo.MAX_MODEL_LEN,
+    settings = Settings(model=str(pair / "target"), draft_model=str(pair / "draft"), max_model_len=demo.MAX_MODEL_LEN,
                         gpu_memory_utilization=0.3, dtype=demo.DTYPE)
     cfg = StudyConfig(name="quality", results_dir=work, settings=settings, load=LoadPattern(concurrency=concurrency),
                       repeats=1, warmup=2, samples=0, trial_timeout_s=900)
@@ -78,16 +76,15 @@ def main() -> None:
     ap.add_argument("--no-speculation", action="store_true", help="skip the acceptance runs")
     ap.add_argument("--pair", type=Path, default=demo.MODELS, help="a pair's folder (target/, draft/)")
     args = ap.parse_args()
-    global PAIR
-    PAIR = args.pair.resolve()
-    print(f"pair: {PAIR}")
+    pair = args.pair.resolve()
+    print(f"pair: {pair}")
     work = Path(tempfile.mkdtemp())
     sets = {"examples/json_edit.jsonl": Path("examples/json_edit.jsonl"),
             "examples/support_chat.jsonl": Path("examples/support_chat.jsonl"),
             f"fresh set (seed {FRESH_SEED}, {args.fresh})": fresh_workload(work / "fresh.jsonl", args.fresh)}
     t0 = time.monotonic()
     for name, path in sets.items():
-        j = judged(outputs(path, {"method": "none"}, work / path.stem))
+        j = judged(outputs(path, {"method": "none"}, work / path.stem, pair=pair))
         shown = ", ".join(f"{k} {v:.1%}" for k, v in j["rates"].items())
         print(f"{name}: {j['n']} requests: {shown}")
         for f in j["failures"][:5]:
@@ -96,7 +93,8 @@ def main() -> None:
         for params in ({"method": "draft_model", "num_speculative_tokens": 3},
                        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
                         "prompt_lookup_max": 4}):
-            m = outputs(sets["examples/json_edit.jsonl"], params, work / "spec", concurrency=1)["measurement"]
+            m = outputs(sets["examples/json_edit.jsonl"], params, work / "spec", concurrency=1,
+                        pair=pair)["measurement"]
             pos = " ".join(f"{x:.3f}" for x in m["acceptance_by_pos"])
             print(f"{Candidate(params).label} on json_edit: acceptance {m['acceptance_rate']:.3f}, mean accepted "
                   f"length {m['mean_accepted_length']:.2f}, by position {pos}")

@@ -108,7 +108,8 @@ class Rows:
         self.copy_share = 0.4  # batches of qty edits alone (--copy-share)
         self.json_share = 0.3  # batches of JSON edits alone (--json-share)
         # The value after `"city": "` and `"status": "`: the two fields an instruction may replace,
-        # 2 of ~100 tokens of a record, and the two the shipped target gets wrong (docs/findings.md).
+        # 2 of ~100 tokens of a record, and the two the targets without --key-tokens never copied
+        # (docs/findings.md).
         # --edit-weight counts their loss that many times (the shipped pair: 1, plain loss).
         self.marks = [tok(f'"{k}": "')["input_ids"][1:] for k in ("city", "status")]
         self.edit_weight = 1.0  # --edit-weight
