@@ -1,13 +1,15 @@
 """Train the bundled demo model pair (target + draft) from the generated corpus.
 
-Reproducible: fixed seeds, two CPU threads. Writes Hugging Face folders (config.json,
+Reproducible: fixed seeds, two CPU threads (`--threads`). Writes Hugging Face folders (config.json,
 model.safetensors, tokenizer files) that vLLM loads directly:
 
     python scripts/train_demo_models.py                 # writes autotune/demo/models/{target,draft}
     python scripts/train_demo_models.py --resume        # go on from the last checkpoint
     python scripts/train_demo_models.py --quick         # a tiny run, to check the script itself
-    python scripts/train_demo_models.py --init-from autotune/demo/models --target-steps 1500 --lr 5e-4
+    python scripts/train_demo_models.py --init-from autotune/demo/models --only target --target-steps 2000 \
+        --lr 4e-4 --copy-share 0 --json-share 0.2 --multi-share 0.3 --eval-n 96
                                                         # go on from a shipped pair on today's corpus
+                                                        # (the shipped target's last phase)
 
 The target must do the corpus tasks the way an instruction-tuned LLM does: copy the record it is
 asked to edit and change one field. Copying needs an induction mechanism (two or more attention
@@ -94,6 +96,7 @@ class Rows:
     def __init__(self, tok: PreTrainedTokenizerFast, n_docs: int, *, seed: int) -> None:
         self.rows: list[tuple[list[int], int]] = []
         self.domains: list[str] = []
+        self.items: list[int] = []  # a JSON record's items (0 for the other domains)
         for e in examples(n_docs, seed=seed, domains=TRAINING_MIX):
             prompt = tok(e.prompt)["input_ids"]
             full = tok(e.prompt + e.completion + EOS)["input_ids"]
@@ -103,10 +106,12 @@ class Rows:
                 self.rows.append((full, len(prompt)))
                 # JSON edits of an item's qty leave city and status as they were: pure copies.
                 self.domains.append("json-qty" if e.domain == "json" and "set qty of" in e.prompt else e.domain)
+                self.items.append(e.prompt.count('"sku"'))
         self.rng = random.Random(seed)
         self.pad = tok.pad_token_id
         self.copy_share = 0.4  # batches of qty edits alone (--copy-share)
         self.json_share = 0.3  # batches of JSON edits alone (--json-share)
+        self.multi_share = 0.0  # batches of JSON edits of records with two or more items (--multi-share)
         # The value after `"city": "` and `"status": "`: the two fields an instruction may replace,
         # 2 of ~100 tokens of a record, and the two the targets without --key-tokens never copied
         # (docs/findings.md).
@@ -122,11 +127,16 @@ class Rows:
         # always copies, teach the copy; the full mix then teaches the exception.
         self.json_by_length = [i for i in self.by_length if self.domains[i] in ("json", "json-qty")]
         self.copy_by_length = [i for i in self.by_length if self.domains[i] == "json-qty"]
+        # The pair shipped at step 7,500 copied every one-item record but missed the second item's
+        # qty or price (each item has the same `"qty": ` key token, so the key alone cannot tell
+        # the items apart): batches of multi-item records alone teach which item is being copied.
+        self.multi_by_length = [i for i in self.json_by_length if self.items[i] >= 2]
 
     def batch(self, size: int, window: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         u = self.rng.random()
         order = self.copy_by_length if u < self.copy_share else \
-            self.json_by_length if u < self.copy_share + self.json_share else self.by_length
+            self.json_by_length if u < self.copy_share + self.json_share else \
+            self.multi_by_length if u < self.copy_share + self.json_share + self.multi_share else self.by_length
         start = self.rng.randrange(max(1, len(order) - window))
         picked = [self.rows[order[start + self.rng.randrange(min(window, len(order)))]] for _ in range(size)]
         width = max(len(ids) for ids, _ in picked) - 1
@@ -211,6 +221,8 @@ def train(name: str, tok: PreTrainedTokenizerFast, rows: Rows, args: argparse.Na
             with log_path.open("a") as f:
                 f.write(json.dumps(last) + "\n")
             print(json.dumps(last), flush=True)
+            if args.save_evals:  # every evaluated step as a loadable folder, to judge on the real engine
+                save(model, tok, work / f"{name}-step{step}")
             hits = hits + 1 if last.get("edit", 0.0) >= args.stop_at else 0
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                         "step": step, "elapsed": time.time() - t0, "hits": hits, "rng": rows.rng.getstate()}, ckpt)
@@ -248,13 +260,18 @@ def main() -> None:
     ap.add_argument("--only", choices=["target", "draft"], help="train one model of the pair")
     ap.add_argument("--copy-share", type=float, default=0.4, help="share of batches of qty edits alone")
     ap.add_argument("--json-share", type=float, default=0.3, help="share of batches of JSON edits alone")
+    ap.add_argument("--multi-share", type=float, default=0.0,
+                    help="share of batches of JSON edits of records with two or more items")
+    ap.add_argument("--save-evals", action="store_true",
+                    help="save each evaluated step's model under --work (to judge checkpoints on vLLM)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--edit-weight", type=float, default=1.0, help="loss weight of a JSON record's city and status")
     ap.add_argument("--key-tokens", action="store_true", help="one token per JSON key with its quotes and colon "
                                                               "(a value then follows its key directly)")
     ap.add_argument("--init-from", type=Path, help="a trained pair's folder: keep its tokenizer and go on "
                                                    "training its target (the draft trains from scratch)")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     n_docs, vocab = (2000, 512) if args.quick else (TOKENIZER_DOCS, 1024)
     if args.init_from:
         tok = PreTrainedTokenizerFast.from_pretrained(args.init_from / "target")
@@ -262,6 +279,7 @@ def main() -> None:
         tok = train_tokenizer(documents(n_docs, seed=TOKENIZER_SEED), vocab, key_tokens=args.key_tokens)
     rows = Rows(tok, 4000 if args.quick else TRAINING_DOCS, seed=TRAINING_SEED)
     rows.copy_share, rows.json_share, rows.edit_weight = args.copy_share, args.json_share, args.edit_weight
+    rows.multi_share = args.multi_share
     print(f"corpus: {len(rows.rows)} documents, vocab {len(tok)}", flush=True)
     if args.quick:
         args.target_steps, args.draft_steps, args.eval_every, args.eval_n = 3, 3, 3, 6
@@ -270,14 +288,15 @@ def main() -> None:
     report = json.loads(report_path.read_text()) if args.only and report_path.exists() else {}
     report.update({"documents": len(rows.rows), "vocab": len(tok), "batch": args.batch, "lr": args.lr,
                    "key_tokens": bool(args.key_tokens), "copy_share": args.copy_share, "json_share": args.json_share,
-                   "edit_weight": args.edit_weight})
+                   "multi_share": args.multi_share, "edit_weight": args.edit_weight})
     if args.init_from:
         import subprocess  # the commit that holds the pair it goes on from, for whoever retraces it
 
         commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(args.init_from / "target")],
                                 capture_output=True, text=True).stdout.strip() or None
-        before = json.loads((args.init_from / "training.json").read_text()).get("target")
-        report["init_from"] = {"folder": str(args.init_from), "commit": commit, "before": before}
+        before = json.loads((args.init_from / "training.json").read_text())
+        report["init_from"] = {"folder": str(args.init_from), "commit": commit, "before": before.get("target")}
+        report["key_tokens"] = before.get("key_tokens", False)  # the tokenizer is the one it goes on from
     for name, steps in (("target", args.target_steps), ("draft", args.draft_steps)):
         if args.only and name != args.only:
             continue
