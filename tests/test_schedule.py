@@ -15,7 +15,7 @@ from autotune.export import command, config_yaml, llm_kwargs_json
 from autotune.load import LoadPattern, level_loads, parse_levels, ramp_limits
 from autotune.errors import BadInput
 from autotune.results import write_results
-from autotune.schedule import LevelPick, best_depths, instance_spread, judge, ranges
+from autotune.schedule import LevelPick, best_depths, instance_spread, judge, not_needed, ranges
 from autotune.space import load_space
 from autotune.study import StudyConfig, run_study
 from autotune.workload import load_workload
@@ -41,6 +41,21 @@ def test_each_level_takes_the_smallest_depth_within_the_noise_of_its_best():
     # At 1: k=4 is best (186) but k=2 (180) is within 5%: the smaller depth. At 8: no speculation.
     assert [(p.batch, p.k, p.best_k) for p in picks] == [(1, 2, 4), (8, 0, 0)]
     assert [(p.batch, p.k) for p in best_depths(family, LEVELS, "concurrency=1", noise=0.01)] == [(1, 4), (8, 0)]
+
+
+def test_no_schedule_when_one_depth_measured_best_at_every_level():
+    """The tie rule alone (a smaller depth within the noise at 8) makes no schedule: depth 16 is the
+    best measured at both levels. Where the levels' best depths differ, the tie rule decides."""
+    family = {5: m(c1=500, c8=1000), 16: m(c1=560, c8=1040)}
+    picks = best_depths(family, LEVELS, "concurrency=1", noise=0.10)
+    assert [(p.batch, p.k, p.best_k) for p in picks] == [(1, 16, 16), (8, 5, 16)]
+    assert not_needed(picks, 0.10).startswith("depth 16 measured best at every level")
+    family[5] = m(c1=500, c8=1100)
+    picks = best_depths(family, LEVELS, "concurrency=1", noise=0.10)
+    assert [(p.k, p.best_k) for p in picks] == [(16, 16), (5, 5)] and not_needed(picks, 0.10) is None
+    assert not_needed(best_depths({5: m(c1=550, c8=1100), 16: m(c1=560, c8=1040)}, LEVELS, "concurrency=1",
+                                  noise=0.10), 0.10).startswith("depth 5 is best at every level (within the noise")
+    assert not_needed([], 0.10).startswith("no depth")
 
 
 def test_ranges_start_at_one_split_between_levels_and_merge_equal_neighbours():

@@ -18,6 +18,12 @@ def test_cpu_space_resolves_for_cpu_with_a_draft():
                                          "enforce_eager": False}
 
 
+def test_the_spaces_kept_in_search_spaces_load():
+    s = load_space(str(ROOT / "search_spaces" / "deep.yaml"), platform="cpu", models={"draft_model"})
+    depth = next(p for p in s.params if p.name == "num_speculative_tokens")
+    assert (min(depth.values()), max(depth.values())) == (1, 16) and s.baseline_trial_params()["method"] == "none"
+
+
 def test_methods_needing_a_model_are_dropped_and_reported():
     s = load_space("cpu", platform="cpu", models=set())
     method = next(p for p in s.params if p.name == "method")
