@@ -49,3 +49,35 @@ def _engine_tests_are_marked(request, monkeypatch):
 import sys  # noqa: E402
 
 sys.path.insert(0, str(TESTS))  # test helpers (markov.py, fake_engine.py) import by name
+
+
+# The shared study's tried configs, in trial order after the baseline.
+TRIES = ['{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
+         '"kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": true}',
+         '{"method": "draft_model", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": "none", '
+         '"enforce_eager": true}',
+         '{"method": "none", "kv_cache_dtype": "auto", "quantization": "fp8", "enforce_eager": true}']
+
+
+@pytest.fixture(scope="session")
+def study_dir(tmp_path_factory):
+    """The shared short real-engine study (tests/test_engine_study.py, the real confirm test):
+    baseline, ngram, draft_model and an fp8-weights candidate that crashes engine init on CPU."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    results = tmp_path_factory.mktemp("results")
+    args = ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml", "--trials", "4",
+            "--results", str(results), "--study", "e2e", "--trial-timeout", "300",
+            "--objectives", "output_tok_s,e2e_ms_p50,output_tok_s@4", "--max-repeats", "3",
+            # The schedule's path has its own real-engine study (test_engine_predict.py): here it
+            # would add depth and schedule trials to every test's setup.
+            "--no-schedule"]
+    for t in TRIES:
+        args += ["--try", t]
+    r = CliRunner().invoke(app, args)
+    print(r.output)
+    assert r.exit_code == 0, r.output
+    assert "Pareto front" in r.output
+    return results / "e2e"

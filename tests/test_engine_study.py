@@ -1,7 +1,7 @@
 """End to end on the real vLLM engine (CPU build) with the bundled demo pair.
 
-One short study is shared by every test here (session fixture): baseline, ngram, draft_model
-and an fp8-weights candidate that crashes engine init on CPU.
+One short study is shared by every test here (the session fixture ``study_dir`` in conftest.py):
+baseline, ngram, draft_model and an fp8-weights candidate that crashes engine init on CPU.
 """
 
 from __future__ import annotations
@@ -25,29 +25,6 @@ from autotune.cli import app
 from autotune.results import load_report
 
 pytestmark = pytest.mark.engine
-TRIES = ['{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
-         '"kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": true}',
-         '{"method": "draft_model", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": "none", '
-         '"enforce_eager": true}',
-         '{"method": "none", "kv_cache_dtype": "auto", "quantization": "fp8", "enforce_eager": true}']
-
-
-@pytest.fixture(scope="session")
-def study_dir(tmp_path_factory):
-    results = tmp_path_factory.mktemp("results")
-    args = ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml", "--trials", "4",
-            "--results", str(results), "--study", "e2e", "--trial-timeout", "300",
-            "--objectives", "output_tok_s,e2e_ms_p50,output_tok_s@4", "--max-repeats", "3",
-            # The schedule's path has its own real-engine study (test_engine_predict.py): here it
-            # would add depth and schedule trials to every test's setup.
-            "--no-schedule"]
-    for t in TRIES:
-        args += ["--try", t]
-    r = CliRunner().invoke(app, args)
-    print(r.output)
-    assert r.exit_code == 0, r.output
-    assert "Pareto front" in r.output
-    return results / "e2e"
 
 
 def test_study_writes_every_file(study_dir):
