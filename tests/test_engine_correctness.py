@@ -56,7 +56,7 @@ def judged(tmp_path_factory):
     # default, so two would share it): an engine's start is mostly one busy thread importing vLLM,
     # and these runs judge outputs, never speed (11 runs one at a time took 373 s of a CI run).
     cores: Queue[str] = Queue()
-    for core in range(min(2, os.cpu_count() or 1)):
+    for core in sorted(os.sched_getaffinity(0))[:2]:  # the cores this process may use, not the host's
         cores.put(str(core))
 
     def run(name: str, reference=None):
