@@ -278,8 +278,8 @@ def main() -> None:
     else:
         tok = train_tokenizer(documents(n_docs, seed=TOKENIZER_SEED), vocab, key_tokens=args.key_tokens)
     rows = Rows(tok, 4000 if args.quick else TRAINING_DOCS, seed=TRAINING_SEED)
-    rows.copy_share, rows.json_share, rows.edit_weight = args.copy_share, args.json_share, args.edit_weight
-    rows.multi_share = args.multi_share
+    rows.copy_share, rows.json_share, rows.multi_share = args.copy_share, args.json_share, args.multi_share
+    rows.edit_weight = args.edit_weight
     print(f"corpus: {len(rows.rows)} documents, vocab {len(tok)}", flush=True)
     if args.quick:
         args.target_steps, args.draft_steps, args.eval_every, args.eval_n = 3, 3, 3, 6

@@ -61,14 +61,15 @@ def judged(tmp_path_factory):
 
     def run(name: str, reference=None):
         params, fault = RUNS[name]
+        cand = Candidate(params)
         core = cores.get()
         try:
-            res, ev = run_and_evaluate(Candidate(params), wl, cfg, root / name, reference=reference, fault=fault,
+            res, ev = run_and_evaluate(cand, wl, cfg, root / name, reference=reference, fault=fault,
                                        env={"VLLM_CPU_OMP_THREADS_BIND": core})
         finally:
             cores.put(core)
         assert ev is not None, f"{name}: {res.failure}"
-        return Candidate(params), res.raw, ev
+        return cand, res.raw, ev
 
     cand, raw, base = run("baseline")
     # As a study's trials: candidates score the baseline's greedy tokens and are judged against it.
