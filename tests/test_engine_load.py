@@ -1,4 +1,8 @@
-"""Load patterns on the real vLLM CPU engine: each does what it says."""
+"""Load patterns on the real vLLM CPU engine: each does what it says.
+
+One engine serves both patterns, as a study's trial serves its extra levels: replay is the trial's
+own load and concurrency=2 an extra level measured after it.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,30 @@ import pytest
 
 from autotune import demo
 from autotune.candidate import Candidate, Settings
-from autotune.load import LoadPattern
 from autotune.config import StudyConfig
 from autotune.evaluate import trial_job
+from autotune.load import LoadPattern
 from autotune.worker import run_trial
 from autotune.workload import Request, Workload, load_workload
 
 pytestmark = pytest.mark.engine
+OFFSETS = [0.0, 0.4, 1.5, 1.6]
+CLOSED = LoadPattern("concurrency", concurrency=2)
 
 
-def _run(tmp_path, wl, load):
-    cfg = StudyConfig(name="load", results_dir=tmp_path, load=load, repeats=1, warmup=1,
-                      settings=Settings(model=str(demo.TARGET), dtype=demo.DTYPE, max_model_len=demo.MAX_MODEL_LEN,
-                                        gpu_memory_utilization=0.3))
-    out = run_trial(trial_job(Candidate({"method": "none", "enforce_eager": True}), wl, cfg), tmp_path / load.kind,
-                    timeout_s=600)
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(requests, replay window's records, concurrency=2 window's records) from one engine."""
+    tmp = tmp_path_factory.mktemp("load")
+    base = load_workload("examples/smoke.jsonl").requests[:4]
+    reqs = tuple(Request(id=r.id, prompt=r.prompt, max_tokens=8, arrival_s=10 + o) for r, o in zip(base, OFFSETS))
+    cfg = StudyConfig(name="load", results_dir=tmp, load=LoadPattern("replay"), extra_loads=(CLOSED,), repeats=1,
+                      warmup=1, settings=Settings(model=str(demo.TARGET), dtype=demo.DTYPE,
+                                                  max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
+    out = run_trial(trial_job(Candidate({"method": "none", "enforce_eager": True}), Workload("replay", reqs), cfg),
+                    tmp / "trial", timeout_s=600)
     assert out.raw is not None, out.failure
-    return out.raw["windows"][0]["requests"]
+    return reqs, out.raw["windows"][0]["requests"], out.raw["levels"][CLOSED.label][0]["requests"]
 
 
 def _max_in_flight(recs):
@@ -34,17 +45,14 @@ def _max_in_flight(recs):
     return peak
 
 
-def test_closed_loop_never_exceeds_its_concurrency_and_uses_it(tmp_path):
-    wl = load_workload("examples/json_edit.jsonl")
-    wl = Workload(wl.path, wl.requests[:8])
-    recs = _run(tmp_path, wl, LoadPattern("concurrency", concurrency=2))
-    assert _max_in_flight(recs) == 2
+def test_closed_loop_never_exceeds_its_concurrency_and_uses_it(run):
+    reqs, _, closed = run
+    assert len(closed) == len(reqs)
+    assert _max_in_flight(closed) == 2
 
 
-def test_replay_sends_each_request_at_its_offset(tmp_path):
-    base = load_workload("examples/smoke.jsonl").requests[:4]
-    offsets = [0.0, 0.4, 1.5, 1.6]
-    reqs = tuple(Request(id=r.id, prompt=r.prompt, max_tokens=8, arrival_s=10 + o) for r, o in zip(base, offsets))
-    recs = {r["id"]: r for r in _run(tmp_path, Workload("replay", reqs), LoadPattern("replay"))}
-    for r, o in zip(reqs, offsets):
+def test_replay_sends_each_request_at_its_offset(run):
+    reqs, replayed, _ = run
+    recs = {r["id"]: r for r in replayed}
+    for r, o in zip(reqs, OFFSETS):
         assert o - 0.001 <= recs[r.id]["start"] <= o + 0.25, (r.id, recs[r.id]["start"], o)
