@@ -10,8 +10,8 @@ only its depth free, the baseline as depth 0), the study then
    level, the step cost is fitted on what was measured there);
 2. takes, per level, the best measured depth, a tie (within the measured noise) going to the
    smaller depth and 0 (no speculation) allowed; one range per level, split at the geometric
-   middle between levels. Where one depth measured best at every level there is no schedule:
-   the tie rule alone would make one out of noise;
+   middle between levels. Where one depth is within the noise of the best at every level there
+   is no schedule: the tie rule alone would make one out of noise;
 3. measures that schedule as one more candidate (role "schedule") and keeps it only if it is
    within the noise of the best fixed depth at every level and under the ramp; else the best
    fixed config stays the pick, and best.json says why.
@@ -75,18 +75,29 @@ def best_depths(family: Mapping[int, Mapping[str, Any]], levels: Sequence[str], 
     return sorted(out, key=lambda p: p.batch)
 
 
-def not_needed(picks: Sequence[LevelPick], noise: float) -> str | None:
-    """Why these per-level picks make no schedule (None: they do). One depth measured best at every
-    level is the schedule already: smaller depths picked by the tie rule alone would rest on
-    differences within the noise (seen here: depth 16 best at 1, 8 and 32 in flight gave 14, 7
-    and 15 by the tie rule, a schedule 12% slower at 1 in flight)."""
+def not_needed(picks: Sequence[LevelPick], family: Mapping[int, Mapping[str, Any]], primary: str,
+               noise: float) -> str | None:
+    """Why these per-level picks make no schedule (None: they do). A schedule has to beat every
+    single depth somewhere by more than the noise: where one depth is within the noise of the best
+    at every level, that depth is the answer, and the tie rule alone would make a schedule out of
+    noise (seen here: depth 16 best at 1, 8 and 32 in flight gave 14, 7 and 15 by the tie rule, a
+    schedule 12% slower at 1 in flight)."""
     if not picks:
         return "no depth of the pick's method was measured at a concurrency level"
     if len({p.best_k for p in picks}) == 1:
         return (f"depth {picks[0].best_k} measured best at every level (smaller depths within the noise, "
                 f"{noise:.0%}, are no reason to switch)")
-    if len({p.k for p in picks}) == 1:
-        return f"depth {picks[0].k} is best at every level (within the noise, {noise:.0%})"
+    worst: dict[int, tuple[float, str]] = {}  # depth -> its lowest ratio to a level's best, and where
+    for k, m in family.items():
+        at = [(m.get(key_at(METRIC, p.level, primary)), p) for p in picks]
+        if all(isinstance(v, (int, float)) and math.isfinite(v) and p.best_tok_s > 0 for v, p in at):
+            worst[k] = min((v / p.best_tok_s, p.level) for v, p in at)
+    steady = [k for k, (r, _) in worst.items() if r >= 1 - noise]
+    if steady:
+        k = max(steady, key=lambda k: (worst[k][0], -k))
+        r, level = worst[k]
+        return (f"depth {k} is within the noise ({noise:.0%}) of the best at every level (at worst {r:.2f}x, "
+                f"at {level}): no schedule beats it by more than the noise")
     return None
 
 
@@ -266,7 +277,7 @@ def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, An
     noise = _noise(models)
     family_m = {k: attrs.measurement(t) for k, t in family.items()}
     picks = best_depths(family_m, levels, primary, noise)
-    if why := not_needed(picks, noise):
+    if why := not_needed(picks, family_m, primary, noise):
         _note(study, "not needed", why, picks=[asdict(p) for p in picks])
         return None
     rs = ranges(picks)
