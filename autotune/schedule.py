@@ -336,7 +336,10 @@ def verdict(study: Any) -> dict[str, Any] | None:
     checks = judge(attrs.measurement(t), fixed, primary, noise)
     out["checks"] = [asdict(c) for c in checks]
     bad = [c for c in checks if not c.ok]
-    said = f"{noise:.0%}" + (", the most a config moved between engine instances here" if spread >= noise else "")
+    remeasured = any(attrs.REMEASURE_OF in x.user_attrs for x in study.get_trials(deepcopy=False))
+    said = f"{noise:.0%}" + (", the most a config moved between engine instances here" if spread >= noise else
+                             "; no config was measured on a second engine, so how far engine instances differ is "
+                             "not in it" if not remeasured else "")
     if bad or len(checks) < len(levels):
         worst = min(bad, key=lambda c: c.ratio) if bad else None
         why = (f"at {worst.level} the schedule measured {worst.ratio:.2f}x the best fixed depth ({worst.fixed}), "
