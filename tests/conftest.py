@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -23,6 +24,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def fake_engine_env(monkeypatch):
     """Let worker processes import the FAKE engine module from tests/."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+
+
+# The flags /proc/cpuinfo shows on each kind of CPU machine the suite must pass on (issue 30).
+CPU_FLAGS = {"avx512": "fpu sse4_2 avx avx2 fma avx512f avx512dq avx512bw avx512vl",
+             "no-avx512": "fpu sse4_2 avx avx2 fma"}
+
+
+@pytest.fixture(params=list(CPU_FLAGS))
+def faked_cpu(request, monkeypatch) -> str:
+    """Run a test as on both kinds of CPU machine, whatever this one is: autotune.hardware sees the
+    CPU platform (not CUDA) and reads a /proc/cpuinfo whose flags have AVX-512 (``avx512``) or not
+    (``no-avx512``), so fp8 KV is in the spaces exactly with ``avx512``. Returns the kind. This
+    process only: a worker subprocess would read the real file (the fake engine never does)."""
+    from autotune import hardware
+
+    text = "".join(f"processor\t: {i}\nflags\t\t: {CPU_FLAGS[request.param]}\n\n" for i in range(2))
+
+    def fake_open(path, *args, **kwargs):
+        return io.StringIO(text) if str(path) == "/proc/cpuinfo" else open(path, *args, **kwargs)
+
+    monkeypatch.setattr(hardware, "detect", lambda: "cpu")
+    monkeypatch.setattr(hardware, "open", fake_open, raising=False)  # cpu_features' read of /proc/cpuinfo
+    return request.param
 
 
 @pytest.fixture(scope="session")

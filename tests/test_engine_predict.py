@@ -115,6 +115,7 @@ def test_each_level_gets_its_depth_and_a_schedule_is_judged_at_every_level(predi
     verdict, read back by vLLM's own parser."""
     import shlex
 
+    from autotune.forecast import FLOOR
     from autotune.vllm_cli import engine_args_from_serve
 
     results, study = predicted
@@ -139,8 +140,24 @@ def test_each_level_gets_its_depth_and_a_schedule_is_judged_at_every_level(predi
     else:
         worst = min(s["checks"], key=lambda c: c["ratio"])
         assert worst["level"] in s["why"] and SCHEDULE not in spec and report["best"]["trial"] != s["trial"]
-    if s["source"] == "tried":  # speculation off from batch 3: at LEVEL it runs as the baseline does
+    # Each check judged what the study measured, by the rule and the noise best.json states. The
+    # schedule and each fixed depth ran on engines of their own, and fresh instances of one config
+    # differ by up to ~20% on some machines (a 2-core EPYC: 455 against 356 tok/s): no fixed
+    # tolerance between two engines holds on every machine, so no figure is compared across them here.
+    judged = next(t for t in study.trials if t.number == s["trial"])
+    assert s["noise"] >= max(s["instance_spread"], FLOOR)  # at least the forecast's floor and the instance spread
+    for c in s["checks"]:
+        key = "output_tok_s" if c["level"] == levels[0] else f"output_tok_s@{c['level']}"
+        assert c["schedule_tok_s"] == pytest.approx(judged.user_attrs["measurement"][key], rel=1e-9) and \
+            c["schedule_tok_s"] > 0
+        named = [t.user_attrs["measurement"][key] for t in study.trials
+                 if t.state.name == "COMPLETE" and t.user_attrs.get("label") == c["fixed"]]
+        assert c["fixed_tok_s"] in named and c["fixed_tok_s"] > 0, (c, named)  # the config it names, measured there
+        assert c["ratio"] == pytest.approx(c["schedule_tok_s"] / c["fixed_tok_s"])
+        assert c["ok"] == (c["ratio"] >= 1 - s["noise"] or (c["hi"] or 0) >= 1), (c, s["noise"])  # NaN: no interval
+    if s["source"] == "tried":  # speculation off from batch 3: at LEVEL it is judged against the best fixed depth
         at = next(c for c in s["checks"] if c["level"] == f"concurrency={LEVEL}")
         base = next(t for t in study.trials if t.user_attrs.get("role") == "baseline")
-        assert at["schedule_tok_s"] == pytest.approx(base.user_attrs["measurement"][f"output_tok_s@concurrency={LEVEL}"],
-                                                     rel=0.25)
+        # The baseline (depth 0) is one of the fixed depths it is judged against: the best of them is
+        # at least the baseline's figure there, and the schedule's ratio is to that best.
+        assert at["fixed_tok_s"] >= base.user_attrs["measurement"][f"output_tok_s@concurrency={LEVEL}"] > 0

@@ -108,8 +108,12 @@ def test_fp8_kv_cache_only_on_cpus_with_avx512_or_amx():
     plain = load_space("cpu", platform="cpu", models=set(), tags={"cpu"})
     assert next(p for p in plain.params if p.name == "kv_cache_dtype").choices == ("auto",)
     assert "kv_cache_dtype=fp8 (needs cpu-avx512 or cpu-amx or cuda; this is cpu)" in plain.dropped
-    wide = load_space("cpu", platform="cpu", models=set(), tags={"cpu", "cpu-avx512"})
-    assert next(p for p in wide.params if p.name == "kv_cache_dtype").choices == ("auto", "fp8")
+    for tags in ({"cpu", "cpu-avx512"}, {"cpu", "cpu-amx"}):
+        wide = load_space("cpu", platform="cpu", models=set(), tags=tags)
+        assert next(p for p in wide.params if p.name == "kv_cache_dtype").choices == ("auto", "fp8")
+        assert not any(d.startswith("kv_cache_dtype") for d in wide.dropped)
+    # Without tags, the platform name alone: what a space says is the same on every machine.
+    assert load_space("cpu", platform="cpu", models=set()).dropped == plain.dropped
 
 
 def test_int8_weight_only_only_for_moe_models(tmp_path):

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from autotune.candidate import Candidate
 from autotune.cli import app
 from autotune.forecast import AcceptanceTable, Model, Observation, fit_step_cost, speedup_of, step_cost_of
-from autotune.space import parse_space
+from autotune.space import SearchSpace, load_space, parse_space
 from autotune.strategy import next_in_grid, next_predicted
 
 SPACE = {"baseline": {"method": "none", "kv_cache_dtype": "auto"},
@@ -187,23 +187,45 @@ def best_trial_of(results) -> int:
     return json.loads((results / "best.json").read_text())["best"]["trial"]
 
 
-def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_path, monkeypatch, fake_engine_env):
+FP8_LEFT_OUT = "kv_cache_dtype=fp8 (needs cpu-avx512 or cpu-amx or cuda; this is cpu)"
+
+
+def quick_space_on(platform: dict) -> SearchSpace:
+    """The quick space as `autotune search --draft-model ...` over greedy requests builds it on the
+    platform a study reports (best.json's ``platform``: autotune.hardware.describe()): fp8 KV only
+    where that platform has AVX-512, AMX or CUDA. Its grid is what `autotune predict` ranks."""
+    return load_space("quick", platform=platform["platform"], models={"draft_model"}, tags=set(platform["tags"]))
+
+
+def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_path, monkeypatch, fake_engine_env,
+                                                                            faked_cpu):
+    """On both kinds of CPU (faked: with AVX-512 the quick space has fp8 KV and 26 points, without it
+    13), so the expectations follow the platform the study reports, never one machine's space."""
+    from autotune import hardware
+
     monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
     monkeypatch.delenv("COLUMNS", raising=False)
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "quick", "--trials", "30", "--model",
                             "fake-model", "--draft-model", "fake-draft", "--results", str(tmp_path), "--samples", "0",
                             "--repeats", "1", "--study", "p"])
     assert r.exit_code == 0, r.output
+    best = json.loads((tmp_path / "p" / "best.json").read_text())
+    assert best["platform"]["tags"] == sorted(hardware.platform_tags())  # the study reports the machine it ran on
+    space = quick_space_on(best["platform"])
+    grid = space.grid()
+    # fp8 KV is searched exactly where the platform runs it; elsewhere the search says why it is left out.
+    assert any(c.params.get("kv_cache_dtype") == "fp8" for c in grid) == (FP8_LEFT_OUT not in space.dropped)
+    assert (f"left out: {FP8_LEFT_OUT}" in " ".join(r.stdout.split())) == (FP8_LEFT_OUT in space.dropped)
     frame = pd.read_csv(tmp_path / "p" / "trials.csv")
-    assert 3 <= len(frame) < 20  # stopped well before the 26-point grid, with budget left
     cands = frame[~frame["role"].isin(["baseline", "re-measure"])]
+    # Stopped well before the grid (here 6 of 26 points with fp8 KV, 5 of 13 without), with budget left.
+    assert 2 <= len(cands) and 3 * len(cands) < 2 * len(grid) and len(frame) < 30
     assert cands["predicted_speedup"].notna().all() and cands["planned"].notna().all()
     # Then the pick and the baseline once more, each on a fresh engine, pooled.
     again = frame[frame["role"] == "re-measure"]
     assert len(again) == 2 and 0 in set(again["remeasure_of"]) and best_trial_of(tmp_path / "p") in set(again["trial"])
     assert all("predicted " in ln and ", measured " in ln for ln in r.stdout.splitlines()
                if ln.startswith("trial ") and not ln.startswith("trial   0"))
-    best = json.loads((tmp_path / "p" / "best.json").read_text())
     assert best["strategy"]["name"] == "predict" and "by more than the noise" in best["strategy"]["stopped"]
     assert best["strategy"]["draft_trace"]["wall_s"] >= 0 and best["best"]["predicted"]["speedup"] > 1
     assert "predict: stopped after" in r.stdout
@@ -212,7 +234,8 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     scored = [x["speedup"] for x in rows if x["speedup"] is not None]
-    assert len(rows) == 26 and scored == sorted(scored, reverse=True)
+    assert len(rows) == len(grid) and scored == sorted(scored, reverse=True)  # the study's space, every point
+    assert sorted(x["label"] for x in rows) == sorted(c.label for c in grid)
     assert sum(x["measured"] is not None for x in rows) == len(frame) - len(again)  # re-measures: same configs
     r = runner.invoke(app, ["predict", str(tmp_path / "p"), "--top", "5"])
     assert r.exit_code == 0 and "forecast from the baseline's tokens, the draft's trace" in r.stdout
