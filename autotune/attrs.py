@@ -25,6 +25,7 @@ VLLM_VERSION = "vllm_version"
 FAILURE = "failure"  # why a trial failed (one line)
 INTERRUPTED = "interrupted"  # cut short (Ctrl-C, a dead worker): not counted, measured again
 DUPLICATE_OF = "duplicate_of"  # the trial that already measured this candidate
+LEFT_OUT = "left_out"  # queued, but the budget was used first: not measured (why, one line); --resume queues it again
 PREDICTED = "predicted"  # autotune.forecast.Forecast.to_dict(), made before the trial was measured
 REMEASURE_OF = "remeasure_of"  # a re-measurement on a fresh engine: the trial it pools windows with
 PLANNED = "planned"  # why the strategy chose this candidate (predict, grid)
@@ -54,7 +55,7 @@ LEVELS = "levels"  # the study's own load level first, then the extra ones
 LOSSY_MIN_GAIN = "lossy_min_gain"
 WARM_START = "warm_start"
 STRATEGY = "strategy"  # autotune.strategy.STRATEGIES
-STOPPED = "stopped"  # why the strategy stopped before the budget was used
+STOPPED = "stopped"  # why the study stopped before the budget was used (the strategy, or no new config to ask)
 SCHEDULE_PLAN = "schedule"  # autotune.schedule: the planned ranges and what they rest on, or why none
 DRAFT_TRACE = "draft_trace"  # {"argmax": request id -> the draft's teacher-forced choices} or {"failure": ...}
 

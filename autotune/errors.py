@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 
+# The CLI's exit codes, one each, so that a script (nightly CI) tells a crash from a regression.
+OK = 0
+FAILED = 1  # check: a regression; search/confirm: no result (the baseline failed, nothing feasible)
+BAD_INPUT = 2
+INTERNAL = 3  # an exception no module meant for the user: a bug
+INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+EXIT_CODES = {
+    OK: "done (check: no regression)",
+    FAILED: "a regression (check) or a study without a result (the baseline failed, no feasible config; "
+            "confirm: a server or the client failed)",
+    BAD_INPUT: "bad input (workload, space, flags, results): one line naming the file, line or key",
+    INTERNAL: "an internal error (a bug): one line saying where, --verbose for the traceback",
+    INTERRUPTED: "interrupted (Ctrl-C): the running trial is recorded as interrupted; --resume continues",
+}
+
+
 class AutotuneError(Exception):
     """Base of every error autotune raises on purpose."""
 
-    exit_code = 1
+    exit_code = FAILED
 
 
 class BadInput(AutotuneError):
@@ -15,10 +31,10 @@ class BadInput(AutotuneError):
     The message names the file, the line or key, and what was expected.
     """
 
-    exit_code = 2
+    exit_code = BAD_INPUT
 
 
 class StudyFailed(AutotuneError):
     """The study could not produce a result (for example, the baseline itself failed)."""
 
-    exit_code = 1
+    exit_code = FAILED

@@ -49,6 +49,9 @@ class RichProgress:
             self._show_log(trial_dir(self.logs, number) / WORKER_LOG)
         self.p.advance(self.task)
 
+    def note(self, text: str) -> None:
+        self.p.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
     def _show_log(self, path: Path) -> None:
         try:
             lines = path.read_text(errors="replace").splitlines()[-WORKER_LOG_TAIL:]

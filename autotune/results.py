@@ -83,6 +83,17 @@ def _lossless_first(choice: Any) -> dict[str, Any] | None:
                       f"interval), does not lie above 1 + {choice.min_gain:.0%}: the lossless config is the pick"}
 
 
+def _left_out(study: Any) -> list[str]:
+    """The labels of configs queued (--try, a warm start) but never measured: the budget was used first."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    measured = {Candidate(attrs.candidate(t)).key() for t in trials
+                if t.state in (TrialState.COMPLETE, TrialState.FAIL) and not attrs.is_duplicate(t)}
+    return list(dict.fromkeys(attrs.label(t) for t in trials
+                              if attrs.LEFT_OUT in t.user_attrs and Candidate(attrs.candidate(t)).key() not in measured))
+
+
 def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, Any], objectives: list[str],
                  storage_url: str) -> dict[str, Any]:
     """The StudyReport (what best.json holds) of a study and its trials table."""
@@ -103,7 +114,8 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         "load": ua.get(attrs.LOAD), "concurrency": ua.get(attrs.CONCURRENCY),
         "objectives": objectives, "platform": platform,
         "vllm_version": (base.user_attrs.get(attrs.VLLM_VERSION) if base else None) or platform.get("vllm"),
-        "trials": {"finished": int(len(frame)), "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0},
+        "trials": {"finished": int(len(frame)), "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0,
+                   "left_out": _left_out(study)},
         "baseline": _entry(base, base, settings) if base else None,
         "best": _entry(pick, base, settings) if pick else None,
         "pareto": [_entry(t, base, settings) for t in pareto_trials(study)],

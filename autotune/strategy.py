@@ -121,8 +121,15 @@ def _predicted(f: Forecast) -> str:
 
 # --- a live study ---------------------------------------------------------------------------
 
-_tables: dict[tuple[str, int, str, bool], AcceptanceTable] = {}
-_lock = threading.Lock()
+_tables: dict[tuple[Any, ...], AcceptanceTable] = {}
+_traces: dict[tuple[str, int, str], threading.Lock] = {}  # one lock per baseline: its draft trace runs once
+_lock = threading.Lock()  # guards the two dicts only; never held while anything is computed or run
+
+
+def _baseline_key(study: Any, base: Any) -> tuple[str, int, str]:
+    # The study's name alone is not enough (two studies of one name in one process, e.g. a test
+    # suite's, would share a stale table), so the baseline's start time is part of the key.
+    return study.study_name, base.number, str(base.datetime_start)
 
 
 def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str | None = None
@@ -142,15 +149,15 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
         return None
     old = superseded(study)
     trace = study.user_attrs.get(attrs.DRAFT_TRACE) or {}
-    # Replays are cached per baseline trial: the study's name alone is not enough (two studies of
-    # one name in one process, e.g. a test suite's, would share a stale table), so the baseline's
-    # start time is part of the key.
-    key = (study.study_name, base.number, str(base.datetime_start), bool(trace.get("argmax")))
+    # Replays are cached per baseline trial (and its trace, once there is one).
+    key = (*_baseline_key(study, base), bool(trace.get("argmax")), trace.get("failure"))
     with _lock:
-        if key not in _tables:
-            _tables[key] = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"),
-                                           max_model_len or 1 << 30)
-        table = _tables[key]
+        table = _tables.get(key)
+    if table is None:  # built outside the lock: two threads may both build it, the first kept
+        table = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"), max_model_len or 1 << 30,
+                                trace_failure=trace.get("failure"))
+        with _lock:
+            table = _tables.setdefault(key, table)
     at = "" if level is None else f"@{level}"
     bm = attrs.measurement(ref)
     observations, failed = [Observation(attrs.candidate(base), 1.0, 1.0, 1.0)], []
@@ -200,17 +207,23 @@ def needs_trace(space: Any, settings: Any) -> bool:
     return "draft_model" in methods and bool(settings.draft_model)
 
 
-def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_dir: Path) -> None:
+def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_dir: Path) -> str | None:
     """One teacher-forced pass of the draft over the baseline's outputs (a worker job), kept in the
-    study (``draft_trace``) so every forecast of a draft depth reads it; a failure is kept too."""
+    study (``draft_trace``) so every forecast of a draft depth reads it; a failure is kept too, and
+    returned (to the caller that ran the trace) for it to say. Workers that reach it meanwhile wait
+    for this baseline's trace only: planning, forecasts and other studies go on."""
     from autotune.predict import trace_job
     from autotune.study import baseline_trial
     from autotune.worker import run_trial
 
+    base = baseline_trial(study)
+    if base is None or attrs.DRAFT_TRACE in study.user_attrs:
+        return None
     with _lock:
+        mine = _traces.setdefault(_baseline_key(study, base), threading.Lock())
+    with mine:
         if attrs.DRAFT_TRACE in study.user_attrs:
-            return
-        base = baseline_trial(study)
+            return None
         kwargs = {**space.baseline_candidate().engine_kwargs(cfg.settings), "model": cfg.settings.draft_model,
                   "enforce_eager": True}  # eager: the trace is one prefill per request, no compile wanted
         kwargs.pop("kv_cache_dtype", None)
@@ -219,6 +232,7 @@ def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_d
         study.set_user_attr(attrs.DRAFT_TRACE, {"argmax": out.raw["traces"], "wall_s": round(out.wall_s, 1),
                                                     "rank_mismatches": out.raw.get("rank_mismatches")}
                             if out.raw is not None else {"failure": out.failure, "wall_s": round(out.wall_s, 1)})
+    return out.failure
 
 
 def ranked(study: Any, space: Any, max_model_len: int | None) -> list[dict[str, Any]]:

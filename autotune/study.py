@@ -117,14 +117,16 @@ def _fail_stale(study: optuna.Study) -> int:
     return len(gone)
 
 
-def _retry_interrupted(study: optuna.Study) -> None:
-    """Queue again each interrupted candidate that has not been measured since."""
+def _retry_interrupted(study: optuna.Study, *, left_out: bool = False) -> None:
+    """Queue again each interrupted candidate that has not been measured since; with ``left_out``
+    (a resumed study, whose budget may be larger now) each one left out when the budget ran out, too."""
     trials = study.get_trials(deepcopy=False)
     done = {Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() for t in trials
             if _counts(t) or t.state in (TrialState.WAITING, TrialState.RUNNING)}
     for t in trials:
         key = Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key()
-        if t.user_attrs.get(attrs.INTERRUPTED) and t.user_attrs.get(attrs.ROLE) != BASELINE and key not in done:
+        again = t.user_attrs.get(attrs.INTERRUPTED) or (left_out and attrs.LEFT_OUT in t.user_attrs)
+        if again and t.user_attrs.get(attrs.ROLE) != BASELINE and key not in done:
             study.enqueue_trial(t.params)
             done.add(key)
 
@@ -146,7 +148,7 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
     study = open_study(cfg)
     _fail_stale(study)
     if resume:
-        _retry_interrupted(study)
+        _retry_interrupted(study, left_out=True)
     elif _finished(study):
         raise BadInput(f"--study: {cfg.name!r} already has trials in {cfg.results_dir}; "
                        "pass --resume to continue it (or to join its workers) or choose another --study name")
@@ -222,7 +224,7 @@ def _threads(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: S
 def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
           *, env: dict[str, str], thread: int, stop: threading.Event | None) -> None:
     """One worker: ask, measure, tell, until the study's budget is used (by every worker together)."""
-    asks = 0
+    asks = duplicates = 0
     # Each duplicate costs an ask, not a measurement; a small space can run out of new configs.
     while asks < 4 * cfg.n_trials + 4:
         if stop is not None and stop.is_set():
@@ -230,18 +232,20 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         if _fail_stale(study):
             _retry_interrupted(study)
         running = _running(study)
-        if len(_finished(study)) + len([t for t in running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]) \
-                >= cfg.n_trials:
-            # The budget is used; a depth schedule and fresh-engine re-measurements come on top of it.
-            if not _extra_work(study, space, cfg):
-                return
+        spent = len(_finished(study)) + len([t for t in running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]) \
+            >= cfg.n_trials
+        # The budget is used: configs still queued are left out (each asked, then told why) before a depth
+        # schedule and the fresh-engine re-measurements, which come on top of it, are queued behind them.
+        if spent and not _queued_in_budget(study) and not _extra_work(study, space, cfg):
+            return
         base = baseline_trial(study)
         if base is None and any(t.user_attrs.get(attrs.ROLE) == BASELINE for t in running):
             time.sleep(1.0)  # another worker measures the reference; candidates are judged against it
             continue
         if base is not None and not _waiting(study):
-            if needs_trace(space, cfg.settings):
-                trace_draft(study, space, cfg, env, cfg.results_dir)
+            if needs_trace(space, cfg.settings) and (failure := trace_draft(study, space, cfg, env, cfg.results_dir)):
+                progress.note(f"draft trace failed: {failure}; draft_model candidates are measured without a "
+                              f"forecast (worker log: {cfg.results_dir / 'draft-trace' / 'worker.log'})")
             step = plan(study, space, cfg.strategy, cfg.settings.max_model_len)
             if step.stop:
                 study.set_user_attr(attrs.STOPPED, step.why)
@@ -266,15 +270,46 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             cand = Candidate({**cand.params, SCHEDULE_KEY: trial.user_attrs[attrs.SCHEDULE_RANGES]})
         trial.set_user_attr(attrs.CANDIDATE, cand.params)
         trial.set_user_attr(attrs.LABEL, cand.label)
+        if spent and _leave_out(study, trial, cand, cfg, progress):
+            asks -= 1  # the queue is finite: leaving a config out asks the sampler nothing
+            continue
         dup = None if attrs.role(trial) == attrs.REMEASURE else _duplicate(study, cand, trial.number, is_base)
         if dup is not None:  # never measure the same config twice without meaning to
             trial.set_user_attr(attrs.DUPLICATE_OF, dup)
             study.tell(trial, state=TrialState.PRUNED)
+            duplicates += 1
             continue
         _run_one(study, trial, cand, workload, space, cfg, progress, is_base, env=env, stop=stop)
         if is_base and baseline_trial(study) is None:
             reason = _frozen(study, trial.number).user_attrs.get(attrs.FAILURE, "unknown")
             raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
+    why = (f"{duplicates} of {asks} asks drew a config already measured, with {len(_finished(study))} of the "
+           f"{cfg.n_trials} trials used: the space may hold no new config for this sampler")
+    study.set_user_attr(attrs.STOPPED, why)
+    progress.note(f"stopped: {why}")
+
+
+def _queued_in_budget(study: optuna.Study) -> bool:
+    """Configs waiting in the queue that would use the --trials budget (not a schedule's, not a re-measurement)."""
+    return any(attrs.role(t) not in attrs.OUTSIDE_BUDGET
+               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def _leave_out(study: optuna.Study, trial: optuna.Trial, cand: Candidate, cfg: StudyConfig,
+               progress: Progress) -> bool:
+    """A config from the queue (--try, a warm start, a plan) asked after the budget was used: told
+    as not measured, with one line saying so, so that what comes on top of the budget (the
+    fresh-engine re-measurements) is not starved behind it. False for anything else."""
+    role = attrs.role(trial)
+    if role in (BASELINE, attrs.EXTRA_BASELINE, *attrs.OUTSIDE_BUDGET) or \
+            not _frozen(study, trial.number).system_attrs.get("fixed_params"):
+        return False
+    why = (f"left out: {cand.label} (queued, but the --trials budget of {cfg.n_trials} is used; "
+           "--resume with a larger --trials measures it)")
+    trial.set_user_attr(attrs.LEFT_OUT, why)
+    study.tell(trial, state=TrialState.PRUNED)
+    progress.note(why)
+    return True
 
 
 MAX_REMEASURES = 4  # fresh-engine re-measurements a study makes at most (the pick may change after one)
@@ -313,7 +348,7 @@ def _queue_remeasure(study: optuna.Study) -> bool:
     trials = study.get_trials(deepcopy=False)
     again = [t for t in trials if attrs.role(t) == attrs.REMEASURE and not attrs.is_interrupted(t)]
     if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in again) or len(again) >= MAX_REMEASURES \
-            or _waiting(study):  # configs asked for (--try) go first, or not at all once the budget is used
+            or _waiting(study):  # configs asked for (--try) go first; once the budget is used they are left out
         return False
     choice, base = choose(study), baseline_trial(study)
     if choice is None or base is None or attrs.role(choice.trial) == BASELINE:
@@ -327,7 +362,10 @@ def _queue_remeasure(study: optuna.Study) -> bool:
     if pooled and all(sign * chosen.values[0] <= sign * t.values[0] for t in pooled):
         return False  # a pooled pick stands unless another beats it outright (not a tie)
     queued = False
-    for n in (base.number, pick):
+    # The pick's fresh engine first, then the baseline's: with the first measurements that makes
+    # baseline, pick, pick, baseline (ABBA), so a drift of the machine's speed over the study
+    # lands on both sides of the pooled ratio alike.
+    for n in (pick, base.number):
         if n not in done:
             params = attrs.candidate(next(t for t in trials if t.number == n))  # the baseline has no Optuna params
             study.enqueue_trial(_optuna_params(params),

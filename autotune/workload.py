@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,27 @@ def _turns(where: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _expect(where: str, expect: Any) -> dict[str, Any]:
+    """The request's expectations, each value checked here: a bad one found only when the candidate's
+    outputs are judged (autotune.validate.check_expect) would end the study after the baseline ran."""
+    if not isinstance(expect, dict) or set(expect) - _EXPECT_KEYS:
+        raise BadInput(f"{where}: 'expect' must be an object with keys from {sorted(_EXPECT_KEYS)}, got {expect!r}")
+    got = {k: f"{type(v).__name__} {v!r:.60}" for k, v in expect.items()}
+    if "json" in expect and not isinstance(expect["json"], bool):
+        raise BadInput(f"{where}: 'expect.json' must be true or false, got {got['json']}")
+    if "contains" in expect and not (isinstance(expect["contains"], str) and expect["contains"]):
+        raise BadInput(f"{where}: 'expect.contains' must be a non-empty string, got {got['contains']}")
+    if "regex" in expect:
+        if not isinstance(expect["regex"], str):
+            raise BadInput(f"{where}: 'expect.regex' must be a string (a Python regular expression), got {got['regex']}")
+        try:
+            re.compile(expect["regex"])
+        except (re.error, RecursionError, OverflowError) as e:
+            raise BadInput(f"{where}: 'expect.regex' must be a valid regular expression (Python re), "
+                           f"got {expect['regex']!r:.60}: {' '.join(str(e).split())}") from None
+    return expect
+
+
 def parse_request(obj: Any, where: str, index: int) -> Request:
     """Validate one native-form object; ``where`` is ``file:line`` for error messages."""
     if not isinstance(obj, dict):
@@ -178,9 +200,7 @@ def parse_request(obj: Any, where: str, index: int) -> Request:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise BadInput(f"{where}: 'stop' must be a string or a list of non-empty strings, got {stop!r}")
-    expect = obj.get("expect", {})
-    if not isinstance(expect, dict) or set(expect) - _EXPECT_KEYS:
-        raise BadInput(f"{where}: 'expect' must be an object with keys from {sorted(_EXPECT_KEYS)}, got {expect!r}")
+    expect = _expect(where, obj.get("expect", {}))
     for key in ("ignore_eos",):
         if key in obj and not isinstance(obj[key], bool):
             raise BadInput(f"{where}: '{key}' must be true or false, got {obj[key]!r}")

@@ -31,6 +31,9 @@ def test_help_has_examples(command):
     (["search", "{tmp}/types.jsonl"], "types.jsonl:1: 'temperature' must be a number"),
     (["search", "{tmp}/absurd.jsonl"], "absurd.jsonl:1: 'max_tokens' must be in [1, 1e+06], got 99999999"),
     (["search", "{tmp}/huge.jsonl"], "huge.jsonl:1: line is"),
+    (["search", "{tmp}/regex.jsonl"], "regex.jsonl:2: 'expect.regex' must be a valid regular expression (Python re), "
+                                      "got '[0-9': unterminated character set at position 0"),
+    (["search", "{tmp}/contains.jsonl"], "contains.jsonl:1: 'expect.contains' must be a non-empty string, got int 7"),
     (["search", "examples/smoke.jsonl", "--space", "{tmp}/method.yaml"], "key 'params.method.choices': expected methods"),
     (["search", "examples/smoke.jsonl", "--try", "{{\"warp\": 9}}"], "--try: key 'warp'"),
     (["workload", "inspect", "{tmp}/notjson.jsonl"], "notjson.jsonl:2: not valid JSON"),
@@ -52,6 +55,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, fragment):
     (tmp_path / "types.jsonl").write_text('{"prompt": "a", "temperature": "hot"}\n')
     (tmp_path / "absurd.jsonl").write_text('{"prompt": "a", "max_tokens": 99999999}\n')
     (tmp_path / "huge.jsonl").write_text('{"prompt": "' + "x" * (8 * 1024 * 1024) + '"}\n')
+    (tmp_path / "regex.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b", "expect": {"regex": "[0-9"}}\n')
+    (tmp_path / "contains.jsonl").write_text('{"prompt": "a", "expect": {"contains": 7}}\n')
     (tmp_path / "res").mkdir()
     (tmp_path / "res" / "best.json").write_text(json.dumps({"schema_version": 1, "best": {"engine_kwargs": {"model": "m"}}}))
     results = tmp_path / "results"
@@ -96,19 +101,31 @@ def test_verbose_adds_the_traceback_to_a_bad_input_line(tmp_path):
     assert r.stderr.strip().splitlines()[-1].startswith("error: ") and "missing.jsonl: no such file" in r.stderr
 
 
-def test_an_unexpected_error_is_one_line_and_with_verbose_its_traceback(tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", [["export", "{tmp}"], ["check", "{tmp}", "--against", "{tmp}"]])
+def test_an_unexpected_error_is_one_line_and_with_verbose_its_traceback(tmp_path, monkeypatch, command):
     import autotune.results
 
     def broken(path):
         raise KeyError("planted")
 
     monkeypatch.setattr(autotune.results, "load_report", broken)
-    r = runner.invoke(app, ["export", str(tmp_path)])
-    assert r.exit_code == 1 and "Traceback" not in r.output
+    args = [a.format(tmp=tmp_path) for a in command]
+    r = runner.invoke(app, args)
+    # Its own exit code: nightly CI tells a crash (3) from a regression or a failed study (1).
+    assert r.exit_code == 3 and "Traceback" not in r.output
     assert r.stderr.startswith("error: internal error: KeyError: 'planted' (at test_cli.py:")
     assert len(r.stderr.strip().splitlines()) == 1
-    r = runner.invoke(app, ["--verbose", "export", str(tmp_path)])
-    assert r.exit_code == 1 and "Traceback (most recent call last)" in r.stderr and "in broken" in r.stderr
+    r = runner.invoke(app, ["--verbose", *args])
+    assert r.exit_code == 3 and "Traceback (most recent call last)" in r.stderr and "in broken" in r.stderr
+
+
+def test_help_lists_the_exit_codes():
+    r = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    text = " ".join(r.stdout.split())  # Rich draws the epilog as paragraphs; compare words
+    for line in ("Exit codes:", "0 done", "1 a regression (check) or a study without a result",
+                 "2 bad input", "3 an internal error", "130 interrupted"):
+        assert line in text, (line, r.stdout)
 
 
 def _fake_search(tmp_path, monkeypatch, *args):
@@ -162,3 +179,16 @@ def test_piped_output_keeps_each_record_on_one_line(tmp_path, monkeypatch, fake_
     assert any("e2e p50 ms" in ln and "tpot p50 ms" in ln for ln in lines)  # headers not broken either
     best = [ln for ln in lines if ln.startswith("best: trial 1 ")]
     assert len(best) == 1 and label in best[0] and best[0].endswith("; verdict ok")
+
+
+def test_a_config_queued_past_the_budget_is_said_to_be_left_out(tmp_path, monkeypatch, fake_engine_env):
+    tries = [f'{{"method": "ngram", "num_speculative_tokens": {k}, "kv_cache_dtype": "auto", "quantization": "none"}}'
+             for k in (2, 3)]
+    r = _fake_search(tmp_path, monkeypatch, "search", "examples/smoke.jsonl", "--space", "tests/data/fake_space.yaml",
+                     "--trials", "2", "--try", tries[0], "--try", tries[1])
+    assert r.exit_code == 0, r.output
+    assert ("left out: ngram k=3 (queued, but the --trials budget of 2 is used; --resume with a larger --trials "
+            "measures it)") in r.stdout.splitlines()
+    report = json.loads((tmp_path / "smoke" / "best.json").read_text())
+    assert report["trials"]["left_out"] == ["ngram k=3"]
+    assert report["remeasured"], "the fresh-engine re-measurement did not run"

@@ -4,14 +4,18 @@ The real engine runs in tests/test_engine_study.py.
 """
 
 import json
+import os
 import socket
 import subprocess
+import threading
+import time
 
 import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
 from autotune.candidate import Settings
+from autotune.config import Quiet
 from autotune.errors import BadInput
 from autotune.results import load_report, write_results
 from autotune.space import load_space
@@ -88,22 +92,11 @@ def test_duplicates_are_not_measured_twice_and_resume_continues(tmp_path, fake_e
     assert pruned and all(t.user_attrs["duplicate_of"] in {f.number for f in finished} for t in pruned)
 
 
-def test_worker_timeout_ends_the_whole_process_group(tmp_path, fake_engine_env):
-    job = {"engine_kwargs": {"model": "m", "quantization": "hang"}, "requests": [],
-           "replay": {"load": {"kind": "concurrency", "concurrency": 1}},
-           "engine_module": "fake_engine"}
-    out = run_trial(job, tmp_path / "t", timeout_s=2)
-    assert out.raw is None and out.failure.startswith("timeout") and 2 <= out.wall_s < 20
-
-
-class _InterruptAt:
+class _InterruptAt(Quiet):
     """Progress that presses Ctrl-C when trial ``number`` starts measuring."""
 
     def __init__(self, number):
         self.number = number
-
-    def trial_started(self, number, label): ...
-    def trial_finished(self, number, label, summary): ...
 
     def trial_event(self, number, event):
         if number == self.number and event.get("phase") == "measure":
@@ -201,3 +194,165 @@ def test_an_objective_at_the_studys_own_load_is_the_plain_metric():
     for spelled in ("output_tok_s@2", "output_tok_s@concurrency=2", "output_tok_s"):
         assert normalize_objectives((spelled,), parse_load("concurrency=2")) == (("output_tok_s",), ())
     assert normalize_objectives(("e2e_ms_p50@poisson=2.0",), parse_load("poisson=2")) == (("e2e_ms_p50",), ())
+
+
+# --- what the study leaves out, and why it stops, said aloud -------------------------------------
+
+class _Notes(Quiet):
+    """Progress that keeps the lines the study says besides its trials (Progress.note)."""
+
+    def __init__(self):
+        self.notes = []
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def _engine(tmp_path, monkeypatch, name, source):
+    """A FAKE engine variant for one test: module ``name`` (``source``, wrapping tests/fake_engine.py),
+    importable by the trial processes."""
+    (tmp_path / "engines").mkdir(exist_ok=True)
+    (tmp_path / "engines" / f"{name}.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "engines"), os.environ["PYTHONPATH"]]))
+    return name
+
+
+def _ngram(k):
+    return {"method": "ngram", "num_speculative_tokens": k, "kv_cache_dtype": "auto", "quantization": "none"}
+
+
+def test_configs_queued_past_the_budget_are_left_out_aloud_and_the_remeasurement_still_runs(tmp_path, fake_engine_env):
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    wl = load_workload("examples/smoke.jsonl")
+    notes = _Notes()
+    # --trials 3 --try k=2 --try k=3 --try k=4: the baseline, k=2 and k=3 use the budget.
+    study = run_study(cfg(tmp_path, n_trials=3, remeasure=True), wl, space, enqueue=[_ngram(2), _ngram(3), _ngram(4)],
+                      progress=notes)
+    t = study.trials
+    assert not [x.number for x in t if x.state == TrialState.WAITING]
+    left = [x for x in t if "left_out" in x.user_attrs]
+    assert [(x.user_attrs["label"], x.state) for x in left] == [("ngram k=4", TrialState.PRUNED)]
+    assert notes.notes == [left[0].user_attrs["left_out"]]
+    assert notes.notes[0] == ("left out: ngram k=4 (queued, but the --trials budget of 3 is used; "
+                              "--resume with a larger --trials measures it)")
+    # The queue did not starve the fresh-engine re-measurement of the pick and the baseline.
+    again = [x for x in t if x.user_attrs.get("role") == "re-measure"]
+    assert len(again) == 2 and all(x.state == TrialState.COMPLETE for x in again)
+    # the pick's fresh engine first, then the baseline's: baseline, pick, pick, baseline (ABBA)
+    assert [x.user_attrs["remeasure_of"] for x in again] == [2, 0]  # k=3 (the faster), then the baseline
+    report = write_results(study, tmp_path / "fake", settings=Settings(model="fake-model"),
+                           platform={"platform": "cpu"}, objectives=["output_tok_s", "e2e_ms_p50"],
+                           storage_url=f"sqlite:///{tmp_path / 'fake' / 'study.db'}")
+    assert report["trials"]["left_out"] == ["ngram k=4"]
+    # A larger budget on --resume measures what was left out.
+    study = run_study(cfg(tmp_path, n_trials=4, remeasure=True), wl, space, resume=True)
+    measured = [x for x in study.trials if x.state == TrialState.COMPLETE and x.user_attrs["label"] == "ngram k=4"
+                and x.user_attrs.get("role") != "re-measure"]
+    assert len(measured) == 1 and "left_out" not in measured[0].user_attrs
+    report = write_results(study, tmp_path / "fake", settings=Settings(model="fake-model"),
+                           platform={"platform": "cpu"}, objectives=["output_tok_s", "e2e_ms_p50"],
+                           storage_url=f"sqlite:///{tmp_path / 'fake' / 'study.db'}")
+    assert report["trials"]["left_out"] == []
+
+
+def test_a_study_that_runs_out_of_new_configs_says_so(tmp_path, fake_engine_env):
+    tiny = tmp_path / "tiny.yaml"  # exactly two configs: baseline and one ngram
+    tiny.write_text("baseline: {method: none}\nparams:\n  method: {choices: [none, ngram]}\n"
+                    "  num_speculative_tokens: {int: [2, 2], when: {method: [ngram]}}\n")
+    space = load_space(str(tiny), platform="cpu", models=set())
+    notes = _Notes()
+    # tpe asks blindly: every ask after the two configs draws a duplicate, until the asks run out.
+    study = run_study(cfg(tmp_path, n_trials=3, strategy="tpe"), load_workload("examples/smoke.jsonl"), space,
+                      progress=notes)
+    pruned = [x for x in study.trials if x.state == TrialState.PRUNED]
+    assert len(pruned) == 14 and all("duplicate_of" in x.user_attrs for x in pruned)
+    said = "14 of 16 asks drew a config already measured, with 2 of the 3 trials used: the space may hold no new " \
+           "config for this sampler"
+    assert notes.notes == [f"stopped: {said}"] and study.user_attrs["stopped"] == said
+
+
+FAILING_TRACE = '''
+import fake_engine
+
+
+def run_job(job, phase):
+    if "trace" in job:
+        raise RuntimeError("planted: the draft does not load")
+    return fake_engine.run_job(job, phase)
+'''
+
+
+def test_a_failed_draft_trace_is_said_and_its_reason_is_the_forecasts_basis(tmp_path, fake_engine_env, monkeypatch):
+    module = _engine(tmp_path, monkeypatch, "failing_trace", FAILING_TRACE)
+    space = load_space("quick", platform="cpu", models={"draft_model"})
+    c = cfg(tmp_path, n_trials=4, engine_module=module, settings=Settings(model="fake-model", draft_model="fake-draft"))
+    notes = _Notes()
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space, progress=notes)
+    failure = study.user_attrs["draft_trace"]["failure"]
+    assert failure.startswith("RuntimeError: planted: the draft does not load")
+    assert notes.notes[0] == (f"draft trace failed: {failure}; draft_model candidates are measured without a "
+                              "forecast (worker log: " + str(c.results_dir / "draft-trace" / "worker.log") + ")")
+    draft = [x for x in study.trials if x.user_attrs.get("candidate", {}).get("method") == "draft_model"]
+    assert draft, [x.user_attrs.get("label") for x in study.trials]
+    predicted = draft[0].user_attrs["predicted"]
+    assert predicted["speedup"] is None and predicted["basis"] == f"no draft trace: the trace failed ({failure})"
+
+
+GATED_TRACE = '''
+import os
+import time
+from pathlib import Path
+
+import fake_engine
+
+
+def run_job(job, phase):
+    if "trace" in job:  # holds until the test opens the gate (at most a minute)
+        gate = Path(os.environ["AUTOTUNE_TEST_GATE"])
+        (gate / f"started-{os.getpid()}").write_text("")
+        deadline = time.monotonic() + 60
+        while not (gate / "open").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return fake_engine.run_job(job, phase)
+'''
+
+
+def _wait_for(predicate, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_running_draft_trace_stalls_no_other_worker_and_runs_once(tmp_path, fake_engine_env, monkeypatch):
+    from autotune.strategy import plan, trace_draft
+
+    module = _engine(tmp_path, monkeypatch, "gated_trace", GATED_TRACE)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("AUTOTUNE_TEST_GATE", str(gate))
+    space = load_space("quick", platform="cpu", models={"draft_model"})
+    c = cfg(tmp_path, n_trials=1, engine_module=module, settings=Settings(model="fake-model", draft_model="fake-draft"),
+            trial_timeout_s=120)  # the trace waits for the gate, not for a timeout
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space)  # the baseline only
+    # Two workers reach the trace at once; a third plans its next trial meanwhile.
+    tracers = [threading.Thread(target=trace_draft, args=(study, space, c, {}, c.results_dir)) for _ in range(2)]
+    for th in tracers:
+        th.start()
+    planned = []
+    try:
+        assert _wait_for(lambda: any(gate.glob("started-*")), 30), "the trace never started"
+        planner = threading.Thread(target=lambda: planned.append(plan(study, space, "predict", None)))
+        planner.start()
+        planner.join(timeout=15)  # planning takes well under a second; the trace holds until the gate opens
+        stalled = planner.is_alive()
+    finally:
+        (gate / "open").write_text("")
+        for th in tracers:
+            th.join(timeout=60)
+    assert not stalled, "planning waited for another worker's draft trace"
+    assert planned and planned[0].params is not None
+    assert len(list(gate.glob("started-*"))) == 1  # one trace per baseline, however many workers reach it
+    assert study.user_attrs["draft_trace"].get("argmax"), study.user_attrs["draft_trace"]

@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from autotune import devices, storage
 from autotune.candidate import Candidate, Settings
 from autotune.errors import BadInput
+from autotune.optuna_private import stale_trial_ids
 from autotune.pareto import pareto_trials
 from autotune.results import write_results
 from autotune.space import load_space
@@ -118,7 +119,12 @@ def test_a_remote_worker_without_heartbeat_is_failed_after_the_grace_period(tmp_
     for tr in (quiet, beating):  # another host: its pid means nothing here
         tr.set_user_attr("worker", "elsewhere:1/0")
         study._storage.record_heartbeat(tr._trial_id)
-    time.sleep(3)
+    # Wait for the storage itself to call the silent trial stale (the grace period passed by its
+    # clock), not for a guessed time; then the other one beats again.
+    deadline = time.monotonic() + 30
+    while quiet._trial_id not in stale_trial_ids(study):
+        assert time.monotonic() < deadline, "the storage never found the silent trial stale"
+        time.sleep(0.05)
     study._storage.record_heartbeat(beating._trial_id)
     assert _fail_stale(study) == 1
     t = study.get_trials(deepcopy=False)

@@ -49,6 +49,13 @@ def test_bom_and_crlf_are_valid(tmp_path):
     ('{"prompt": "' + "x" * (8 * 1024 * 1024 + 1) + '"}\n', ":1: line is 8388623 characters long; expected at most 8388608"),
     ('{"prompt": ' + "[" * 100000 + "]" * 100000 + '}\n', ":1: "),
     ('{"prompt": "a", "expect": {"xml": true}}\n', ":1: 'expect' must be an object"),
+    ('{"prompt": "a", "expect": {"regex": "(a"}}\n',
+     ":1: 'expect.regex' must be a valid regular expression (Python re), got '(a': missing ), unterminated subpattern"),
+    ('{"prompt": "a", "expect": {"regex": 5}}\n', ":1: 'expect.regex' must be a string (a Python regular expression), got int 5"),
+    ('{"prompt": "a", "expect": {"contains": ["x"]}}\n', ":1: 'expect.contains' must be a non-empty string, got list ['x']"),
+    ('{"prompt": "a", "expect": {"contains": ""}}\n', ":1: 'expect.contains' must be a non-empty string, got str ''"),
+    ('{"prompt": "a", "expect": {"json": "yes"}}\n', ":1: 'expect.json' must be true or false, got str 'yes'"),
+    ('{"prompt": "a"}\n{"prompt": "b", "expect": {"json": 1}}\n', ":2: 'expect.json' must be true or false, got int 1"),
     ('{"messages": [{"role": "user"}]}\n', ":1: 'messages[0]' must be an object"),
     ('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n', "request id 'x' appears more than once"),
     ('\n\n', ": no requests"),
@@ -149,3 +156,11 @@ def test_turns_expand_to_one_job_request_per_turn():
             {"id": "p", "prompt": "z", "sampling": {}, "expect": {}}]
     assert [(r["id"], r["expect"], r.get("category"), "turns" in r) for r in expand_turns(reqs)] == [
         ("q", {}, "c", False), ("q#turn2", {"contains": "x"}, "c", False), ("p", {}, None, False)]
+
+
+def test_valid_expectations_load_and_are_checked(tmp_path):
+    from autotune.validate import check_expect
+
+    p = write(tmp_path, '{"prompt": "a", "expect": {"regex": "^\\\\d+$", "contains": "4", "json": false}}\n')
+    expect = load_workload(p).requests[0].expect
+    assert check_expect(expect, "42") == [] and check_expect(expect, "x") == ["regex", "contains"]

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import BadInput
+from autotune.validate import check_expect
 from autotune.workload import Workload, load_workload
 
 json_values = st.recursive(
@@ -53,3 +54,22 @@ def test_random_json_lines(tmp_path, lines):
 @given(lines=st.lists(fields, min_size=1, max_size=4))
 def test_random_request_like_objects(tmp_path, lines):
     _load(tmp_path, "\n".join(json.dumps(x) for x in lines).encode())
+
+
+# Expectations with the right keys and any values: refused at load, or checkable on any output.
+expects = st.fixed_dictionaries({}, optional={"json": json_values, "regex": st.text(max_size=6) | json_values,
+                                              "contains": st.text(max_size=4) | json_values})
+
+
+@SETTINGS
+@given(expect=expects)
+def test_what_loads_is_checkable(tmp_path, expect):
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps({"prompt": "a", "expect": expect}) + "\n")
+    try:
+        wl = load_workload(p)
+    except BadInput as e:
+        assert str(e).startswith(f"{p}:1: 'expect") and "\n" not in str(e)
+        return
+    for text in ("", '{"a": 1}', "x" * 30):  # judging a candidate's output never raises
+        check_expect(wl.requests[0].expect, text)
