@@ -14,7 +14,8 @@ METHODS = ("none", *SPEC_METHODS)
 # Keys a search space may set, by where they go in vLLM's arguments.
 SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
-             "suffix_decoding_min_token_prob", "num_speculative_tokens_per_batch_size",
+             "suffix_decoding_min_token_prob", "suffix_decoding_max_cached_requests",
+             "num_speculative_tokens_per_batch_size",
              "rejection_sample_method", "draft_sample_method")
 # vLLM's own values for the lossless verification knobs: they change only sampled requests (a greedy
 # request accepts a draft token exactly when it is the target's argmax, whichever the method), so a
@@ -24,6 +25,9 @@ ENGINE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "enforce_eager", "max_
                "max_num_batched_tokens")
 COMPILATION_KEYS = ("cudagraph_mode",)
 KEYS = ("method", *SPEC_KEYS, *ENGINE_KEYS, *COMPILATION_KEYS)
+# Suffix decoding's knobs in a candidate's label.
+SUFFIX_LABELS = (("suffix_decoding_max_tree_depth", "depth"), ("suffix_decoding_max_spec_factor", "factor"),
+                 ("suffix_decoding_min_token_prob", "prob"), ("suffix_decoding_max_cached_requests", "cached"))
 # Knobs that change the numbers on purpose: such candidates are judged by a drift budget.
 LOSSY = {"kv_cache_dtype": ("auto",), "quantization": ("none", None), "dtype": ("default",)}
 # Values that mean "leave this to the study's settings / vLLM's default".
@@ -47,13 +51,29 @@ class Settings:
 
     def available_models(self) -> set[str]:
         """What the space's ``needs:`` can ask for: user-supplied drafts, the model's own MTP layers,
-        and MoE layers (what vLLM's int8 weight-only quantization on CPU works on)."""
+        MoE layers (what vLLM's int8 weight-only quantization on CPU works on), and the optional
+        packages a method needs here (Arctic Inference for suffix decoding)."""
         have = {k for k in ("draft_model", "eagle_head", "eagle3_head") if getattr(self, k)}
+        have |= {name for name in OPTIONAL_PACKAGES if package_installed(name)}
         if model_has_mtp(self.model):
             have.add("mtp_layers")
         if model_is_moe(self.model):
             have.add("moe_layers")
         return have
+
+
+# Packages a method needs beyond vLLM, by import name: a space asks with ``needs: <name>``.
+OPTIONAL_PACKAGES = ("arctic_inference",)  # suffix decoding's tree (vllm/v1/spec_decode/suffix_decoding.py)
+
+
+def package_installed(name: str) -> bool:
+    """Whether ``import name`` would find the package (found, not imported: no vLLM import here)."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # vLLM reads the MTP depth from these config keys (DeepSeek-V3, GLM-4.5, MiMo, Qwen3-Next, ...).
@@ -131,6 +151,9 @@ class Candidate:
             parts.append(f"k={p['num_speculative_tokens']}")
         if "prompt_lookup_max" in p:
             parts.append(f"lookup={p.get('prompt_lookup_min', 1)}..{p['prompt_lookup_max']}")
+        for key, short in SUFFIX_LABELS:
+            if key in p:
+                parts.append(f"{short}={p[key]:g}")
         for key, short in (("rejection_sample_method", "verify"), ("draft_sample_method", "drafts")):
             if p.get(key, SPEC_DEFAULTS[key]) != SPEC_DEFAULTS[key]:
                 parts.append(f"{short}={p[key]}")

@@ -1,21 +1,23 @@
 """Predicted speedup of every candidate: replayed acceptance (autotune.predict) x a step-cost model.
 
-A speculative step emits T tokens on average (T from the acceptance replay, exact for ngram and a
-greedy draft on greedy requests) and costs r times a baseline decode step. With f the share of a
-baseline request's time spent before its first token (prefill, queueing), the speedup over the
-baseline is
+A speculative step emits T tokens on average (T from the acceptance replay, exact for ngram, a
+greedy draft and suffix decoding at concurrency 1 on greedy requests) and costs r times a baseline
+decode step. With f the share of a baseline request's time spent before its first token (prefill,
+queueing), the speedup over the baseline is
 
     S = 1 / (f + (1 - f) * r / T).
 
 T needs no engine. r does: it is calibrated from the trials measured so far (each measured S with
 its replayed T gives r = T (1/S - f) / (1 - f)), per method, as r = 1 + a + b*k by Bayesian linear
 regression (a fixed cost per step, a cost per drafted token), so a method with one measured depth
-already predicts the others, and its uncertainty shrinks as depths are measured. Knobs that change
-the step in ways no replay sees (KV dtype, dtype, quantization, eager or compiled) enter as a
-measured factor on the speedup, one per knob value, shrunk towards 1 until it has been measured;
-so do the lossless verification knobs (block verification, probabilistic drafts), whose gain on
-sampled requests the replay of the standard rule does not see.
-Methods no replay covers (EAGLE, MTP, suffix) get no prediction and are measured as before.
+already predicts the others, and its uncertainty shrinks as depths are measured. Suffix decoding
+drafts anything from 0 to k tokens a step (k is only its cap), so its k in that fit is the draft
+tokens per step its replay shows. Knobs that change the step in ways no replay sees (KV dtype,
+dtype, quantization, eager or compiled) enter as a measured factor on the speedup, one per knob
+value, shrunk towards 1 until it has been measured; so do the lossless verification knobs (block
+verification, probabilistic drafts), whose gain on sampled requests the replay of the standard
+rule does not see.
+Methods no replay covers (EAGLE, MTP) get no prediction and are measured as before.
 Pure numpy over plain data: no Optuna, no vLLM.
 """
 
@@ -29,16 +31,22 @@ from typing import Any
 import numpy as np
 
 from autotune.candidate import SPEC_DEFAULTS, Candidate
-from autotune.predict import Acceptance, DraftTrace, draft_acceptance, draft_traces, ngram_acceptance
+from autotune.predict import (SUFFIX_DEFAULTS, Acceptance, DraftTrace, draft_acceptance, draft_traces,
+                              ngram_acceptance, suffix_acceptance, suffix_available)
 
-REPLAYED = ("ngram", "draft_model")  # methods whose acceptance the baseline's tokens give
-SHAPE = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")  # what acceptance reads
+REPLAYED = ("ngram", "draft_model", "suffix")  # methods whose acceptance the baseline's tokens give
+# Methods vLLM runs with a depth per batch size (the suffix proposer asserts one fixed k).
+SCHEDULED = ("ngram", "draft_model")
+SUFFIX_KEYS = tuple(SUFFIX_DEFAULTS)
+# What acceptance reads.
+SHAPE = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_KEYS)
 Z = 1.96  # 95% intervals
 # Prior step cost r - 1 = a + b*k per method, (mean, sd) of a and of b: wide, so one measured depth
 # dominates it. Measured on the demo pair (2 CPU cores): ngram r ~ 1.3 at k=4, draft r ~ 1.75 at k=2.
 PRIORS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "ngram": ((0.2, 0.5), (0.03, 0.15)),
     "draft_model": ((0.2, 0.5), (0.25, 0.3)),
+    "suffix": ((0.2, 0.5), (0.03, 0.15)),  # a tree walk per step, and verifying like ngram
 }
 FLOOR = 0.03  # least relative noise of one measured speedup beyond its windows: engine instances differ
 KNOB_PRIOR_SD = 0.2  # log-factor of an unmeasured knob value: +-20% either way
@@ -95,12 +103,14 @@ class AcceptanceTable:
     """Replayed acceptance per (method, k, lookup), computed once per baseline and cached.
 
     ``outputs``: the baseline trial's outputs (with vLLM's ``prompt_token_ids``); ``argmax``: a draft
-    trace's result (request id -> the draft's teacher-forced choices), or None when not traced.
+    trace's result (request id -> the draft's teacher-forced choices), or None when not traced;
+    ``trace_failure``: why the trace failed, where it did (the draft's forecasts say so).
     """
 
     outputs: Sequence[dict[str, Any]]
     argmax: Mapping[str, list[int]] | None
     max_model_len: int
+    trace_failure: str | None = None
     _cache: dict[tuple[Any, ...], Acceptance | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -122,13 +132,24 @@ class AcceptanceTable:
             return ngram_acceptance(self._pairs, k=k, min_n=lo, max_n=hi, max_model_len=self.max_model_len)
         if p.get("method") == "draft_model" and self._traces and k:
             return draft_acceptance(self._traces, k=k)
+        if p.get("method") == "suffix" and self._pairs and k and suffix_available():
+            knob = {key: p.get(key) if p.get(key) is not None else d for key, d in SUFFIX_DEFAULTS.items()}
+            return suffix_acceptance(self._pairs, k=k, max_model_len=self.max_model_len,
+                                     max_tree_depth=int(knob["suffix_decoding_max_tree_depth"]),
+                                     max_spec_factor=float(knob["suffix_decoding_max_spec_factor"]),
+                                     min_token_prob=float(knob["suffix_decoding_min_token_prob"]),
+                                     max_cached_requests=int(knob["suffix_decoding_max_cached_requests"]))
         return None
 
     def why_not(self, method: str) -> str:
         if method == "draft_model" and not self._traces:
+            if self.trace_failure:
+                return f"no draft trace: the trace failed ({self.trace_failure})"
             return "no draft trace (the draft was not traced over the baseline's outputs)"
         if not self._pairs:
             return "the baseline's outputs have no token ids to replay"
+        if method == "suffix" and not suffix_available():
+            return "suffix: Arctic Inference is not installed here (pip install arctic-inference); measured"
         return f"{method}: no replay (needs the target's hidden states or a cache across requests); measured"
 
 
@@ -151,12 +172,12 @@ class StepCost:
     cov: np.ndarray
     points: int  # measured trials it was fitted on
 
-    def at(self, k: int) -> tuple[float, float]:
+    def at(self, k: float) -> tuple[float, float]:
         x = np.array([1.0, float(k)])
         return 1.0 + float(x @ self.mean), math.sqrt(max(float(x @ self.cov @ x), 0.0))
 
 
-def fit_step_cost(method: str, points: Sequence[tuple[int, float, float]]) -> StepCost:
+def fit_step_cost(method: str, points: Sequence[tuple[float, float, float]]) -> StepCost:
     """Bayesian linear regression of r - 1 on (1, k) from (k, r, sd of r) points, under PRIORS."""
     (a0, sa), (b0, sb) = PRIORS.get(method, ((0.3, 0.5), (0.1, 0.3)))
     precision = np.diag([1 / sa**2, 1 / sb**2])
@@ -172,6 +193,14 @@ def fit_step_cost(method: str, points: Sequence[tuple[int, float, float]]) -> St
 def speedup_of(r: float, tokens_per_step: float, prefill_share: float) -> float:
     f = min(max(prefill_share, 0.0), 0.95)
     return 1.0 / (f + (1 - f) * max(r, 1e-3) / tokens_per_step)
+
+
+def cost_depth(params: Mapping[str, Any], a: Acceptance) -> float:
+    """The k of the step-cost fit: the depth, or for suffix decoding (whose k only caps a draft of
+    any length) the draft tokens per decode step its replay shows."""
+    if params.get("method") == "suffix":
+        return a.draft_tokens / a.steps if a.steps else 0.0
+    return float(params["num_speculative_tokens"])
 
 
 def step_cost_of(speedup: float, tokens_per_step: float, prefill_share: float) -> float:
@@ -207,7 +236,9 @@ class Model:
             pts = []
             for o, t in self._plain_points(observations, method):
                 r = step_cost_of(o.speedup, t, self.f)
-                pts.append((int(o.params["num_speculative_tokens"]), r, max(r, 0.05) * o.rel_sd(self.noise) * 1.2))
+                a = self.table.get(o.params)
+                assert a is not None  # a plain point has a replay
+                pts.append((cost_depth(o.params, a), r, max(r, 0.05) * o.rel_sd(self.noise) * 1.2))
             self.costs[method] = fit_step_cost(method, pts)
         self.factors = self._knob_factors(observations)
 
@@ -234,7 +265,7 @@ class Model:
         a = self.table.get(params)
         if a is None or not math.isfinite(a.tokens_per_step):
             return None
-        r, sd = self.costs[method].at(int(params["num_speculative_tokens"]))
+        r, sd = self.costs[method].at(cost_depth(params, a))
         s = speedup_of(r, a.tokens_per_step, self.f)
         # d log S / d r = -(1 - f) / (T * (f + (1 - f) r / T)) = -(1 - f) S / T
         log_sd = (1 - self.f) * s / a.tokens_per_step * math.hypot(sd, self.noise * r)

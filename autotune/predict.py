@@ -9,9 +9,18 @@ every position) gives every depth at once. For sampled requests the same replay 
 baseline's sampled outputs is an unbiased estimate of the expected acceptance: a deterministic
 proposal d is accepted with probability p_target(d), the chance that the baseline sampled d.
 
-What cannot be replayed this way (EAGLE, EAGLE-3, MTP: they read the target's hidden states;
-suffix decoding: a cache shared across requests) is measured as before.
-Pure Python over token ids; needs neither Optuna nor vLLM.
+Suffix decoding is deterministic too, but its proposer keeps a cache across requests (each
+request's prompt, and every response so far in one global suffix tree): replaying Arctic
+Inference's own cache over the baseline's requests, one at a time in the workload's order, says
+what vLLM would draft at concurrency 1, exactly as ngram (with requests in flight together, the
+responses enter the tree interleaved, and the replay is an estimate). Exact up to what the engine
+sees past a request's end and the baseline never does: vLLM's runner puts every token a step
+sampled into the tree, a bonus token after an accepted end-of-sequence draft too, which a later
+draft can then offer.
+
+What cannot be replayed this way (EAGLE, EAGLE-3, MTP: they read the target's hidden states) is
+measured as before.
+Pure Python over token ids; needs neither Optuna nor vLLM (suffix decoding: Arctic Inference).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from autotune.candidate import package_installed
 
 Proposer = Callable[[Sequence[int], int], Sequence[int]]  # (context so far, position in output) -> draft
 
@@ -137,6 +148,71 @@ def ngram_acceptance(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, k:
     for prompt, output in pairs:
         total += replay(prompt, output, lambda ctx, _pos: ngram_proposal(ctx, min_n, max_n, k, max_model_len), k)
     return total
+
+
+SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_spec_factor": 1.0,
+                   "suffix_decoding_min_token_prob": 0.1, "suffix_decoding_max_cached_requests": 10000}  # vLLM 0.32's
+
+
+def suffix_available() -> bool:
+    """Whether Arctic Inference (the suffix tree vLLM's ``method: suffix`` runs) is installed here."""
+    return package_installed("arctic_inference")
+
+
+def suffix_acceptance(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, k: int, max_model_len: int,
+                      max_tree_depth: int = 24, max_spec_factor: float = 1.0, min_token_prob: float = 0.1,
+                      max_cached_requests: int = 10000, warmup: int = 0, windows: int = 1) -> Acceptance:
+    """Suffix decoding (depth k and vLLM's ``suffix_decoding_*`` knobs) over (prompt ids, output ids)
+    pairs, one request at a time in their order, through Arctic Inference's own cache.
+
+    The calls are those of vLLM 0.32's ``SuffixDecodingProposer.propose`` after every engine step of
+    a request: ``start_request`` with its prompt on the first, ``add_active_response`` with the
+    tokens the step gave, then ``speculate`` on the last ``max_tree_depth`` tokens for at most
+    ``min(k, max_model_len - tokens - 1)``; the draft is any length from 0 to that, and a step
+    with none is no draft in vLLM's counters (nothing to verify). The last step's tokens are added
+    too (the proposer runs after it), so the next requests see the whole response.
+    ``warmup`` pairs first (uncounted) and ``windows`` passes over all pairs mirror an engine that
+    serves them all with one cache, as a trial's warm-up and repeated windows do.
+    """
+    from arctic_inference.suffix_decoding import SuffixDecodingCache  # optional: only where suffix runs
+
+    cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
+    total = Acceptance()
+    sent = [(p, False) for p in pairs[:warmup]] + [(p, True) for _ in range(windows) for p in pairs]
+    for n, ((prompt, output), counted) in enumerate(sent):
+        got = _suffix_request(cache, f"r{n}", prompt, output, k=k, max_model_len=max_model_len,
+                              max_tree_depth=max_tree_depth, max_spec_factor=max_spec_factor,
+                              min_token_prob=min_token_prob)
+        if counted:
+            total += got
+    return total
+
+
+def _suffix_request(cache: Any, rid: str, prompt: Sequence[int], output: Sequence[int], *, k: int,
+                    max_model_len: int, max_tree_depth: int, max_spec_factor: float,
+                    min_token_prob: float) -> Acceptance:
+    """One request through the shared cache (``suffix_acceptance``)."""
+    if not output:
+        return Acceptance()
+    prompt = [int(t) for t in prompt]
+    cache.start_request(rid, prompt)
+    fed = 0  # output tokens the cache has
+
+    def propose(context: Sequence[int], pos: int) -> list[int]:
+        nonlocal fed
+        cache.add_active_response(rid, [int(t) for t in output[fed:pos]])
+        fed = pos
+        draft = cache.speculate(rid, list(context[-max_tree_depth:]),
+                                max_spec_tokens=min(k, max_model_len - len(context) - 1),
+                                max_spec_factor=max_spec_factor, min_token_prob=min_token_prob)
+        return list(draft.token_ids)
+
+    got = replay(prompt, output, propose, k)
+    # The step that ended the request: vLLM skips a request at max_model_len (nothing is added).
+    if len(prompt) + len(output) < max_model_len:
+        cache.add_active_response(rid, [int(t) for t in output[fed:]])
+    cache.stop_request(rid)
+    return got
 
 
 @dataclass(frozen=True)

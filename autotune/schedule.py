@@ -237,7 +237,7 @@ def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, An
     nothing (no levels, a pick no replay covers, or done). Records the outcome in the study."""
     from optuna.trial import TrialState
 
-    from autotune.forecast import REPLAYED
+    from autotune.forecast import SCHEDULED
     from autotune.pareto import choose
 
     if not schedulable(study):
@@ -252,7 +252,7 @@ def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, An
     if choice is None:
         return None
     pick = attrs.candidate(choice.trial)
-    if pick.get("method") not in REPLAYED or not pick.get("num_speculative_tokens"):
+    if pick.get("method") not in SCHEDULED or not pick.get("num_speculative_tokens"):
         _note(study, "not needed", f"the pick ({choice.trial.user_attrs.get(attrs.LABEL)}) has no depth to schedule")
         return None
     levels, primary = levels_of(study), levels_of(study)[0]

@@ -130,7 +130,8 @@ def _parse_choices(src: str, name: str, raw: Any, platform: str, tags: set[str],
             if needs is not None and needs not in models:
                 hint = {"mtp_layers": "a model with MTP layers",
                         "moe_layers": "a mixture-of-experts model",
-                        "sampled_requests": "sampled requests (temperature > 0) in the workload"
+                        "sampled_requests": "sampled requests (temperature > 0) in the workload",
+                        "arctic_inference": "Arctic Inference: pip install arctic-inference, or scripts/setup.sh"
                         }.get(needs, f"--{needs.replace('_', '-')}")
                 dropped.append(f"{name}={value} (needs {hint})")
                 continue

@@ -77,10 +77,19 @@ def test_spaces_offer_fp8_kv_exactly_with_avx512_and_say_why_not(faked_cpu, name
 
 
 def test_the_predict_studys_row_count_follows_the_platform(faked_cpu):
-    """The quick space the predict study on the fake engine ranks (tests/test_strategy.py): 13 points
-    (none, ngram 4 depths x 2 lookups, draft_model 4 depths), twice that with fp8 KV."""
+    """The quick space the predict study on the fake engine ranks (tests/test_strategy.py): none, ngram
+    4 depths x 2 lookups, draft_model 4 depths and, where Arctic Inference is installed, suffix 4 depths
+    x 2 tree depths x 2 spec factors x 2 min probabilities; twice that with fp8 KV."""
+    from collections import Counter
+
+    from test_strategy import quick_models
+
     space = quick_space_on(hardware.describe())
-    assert len(space.grid()) == {"avx512": 26, "no-avx512": 13}[faked_cpu]
+    per_method = {"none": 1, "ngram": 8, "draft_model": 4}
+    if "arctic_inference" in quick_models():
+        per_method["suffix"] = 32
+    kv = {"avx512": 2, "no-avx512": 1}[faked_cpu]
+    assert Counter(c.method for c in space.grid()) == {m: n * kv for m, n in per_method.items()}
     plain = quick_space_on({"platform": "cpu", "tags": ["cpu"]})
     assert len(space.grid()) == len(plain.grid()) * len(_kv_choices(space))
 

@@ -144,10 +144,15 @@ def test_predict_measures_each_method_first_then_a_knob_and_drops_a_failing_knob
 
 
 def test_a_method_no_replay_covers_is_measured_once_without_a_prediction():
+    """EAGLE-3 reads the target's hidden states: no replay of the baseline's tokens covers it (as
+    the gpu space offers it: on CUDA, with an EAGLE-3 head given)."""
     data = json.loads(json.dumps(SPACE))
-    data["params"]["method"]["choices"] = ["none", "ngram", "suffix"]
-    data["params"]["num_speculative_tokens"]["when"] = {"method": ["ngram", "suffix"]}
-    grid = _space(data).grid()
+    data["params"]["method"]["choices"] = ["none", "ngram",
+                                           {"value": "eagle3", "needs": "eagle3_head", "platforms": ["cuda"]}]
+    data["params"]["num_speculative_tokens"]["when"] = {"method": ["ngram", "eagle3"]}
+    space = parse_space(data, src="test", platform="cuda", models={"draft_model", "eagle3_head"})
+    grid = space.grid()
+    assert "eagle3" in {c.method for c in grid} and not space.dropped
     outputs, _ = _outputs()
     table = AcceptanceTable(outputs, None, 4096)
     obs = [Observation(BASE, 1, 1, 1)]
@@ -156,7 +161,7 @@ def test_a_method_no_replay_covers_is_measured_once_without_a_prediction():
         step = next_predicted(grid, Model(table, obs, BASE, SHARE), obs)
         steps.append(step)
         obs.append(Observation(step.params, 1.2, 1.15, 1.25))
-    assert steps[0].params["method"] == "ngram" and steps[1].params["method"] == "suffix"
+    assert steps[0].params["method"] == "ngram" and steps[1].params["method"] == "eagle3"
     assert "no prediction" in steps[1].why
     assert Model(table, obs, BASE, SHARE).forecast(steps[1].params).speedup is None
 
@@ -190,17 +195,30 @@ def best_trial_of(results) -> int:
 FP8_LEFT_OUT = "kv_cache_dtype=fp8 (needs cpu-avx512 or cpu-amx or cuda; this is cpu)"
 
 
+def quick_models() -> set[str]:
+    """What `autotune search examples/smoke.jsonl --model fake-model --draft-model fake-draft` offers
+    the space's ``needs:``: the draft, and the optional packages installed here (Arctic Inference:
+    suffix decoding), plus what the workload needs (sampled requests: none in smoke.jsonl)."""
+    from autotune.candidate import Settings
+    from autotune.search import _workload_needs
+    from autotune.workload import load_workload
+
+    return Settings(model="fake-model", draft_model="fake-draft").available_models() \
+        | _workload_needs(load_workload("examples/smoke.jsonl"))
+
+
 def quick_space_on(platform: dict) -> SearchSpace:
-    """The quick space as `autotune search --draft-model ...` over greedy requests builds it on the
-    platform a study reports (best.json's ``platform``: autotune.hardware.describe()): fp8 KV only
-    where that platform has AVX-512, AMX or CUDA. Its grid is what `autotune predict` ranks."""
-    return load_space("quick", platform=platform["platform"], models={"draft_model"}, tags=set(platform["tags"]))
+    """The quick space as `autotune search --draft-model ...` over examples/smoke.jsonl builds it on
+    the platform a study reports (best.json's ``platform``: autotune.hardware.describe()): fp8 KV only
+    where that platform has AVX-512, AMX or CUDA, suffix only where Arctic Inference is installed.
+    Its grid is what `autotune predict` ranks."""
+    return load_space("quick", platform=platform["platform"], models=quick_models(), tags=set(platform["tags"]))
 
 
 def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_path, monkeypatch, fake_engine_env,
                                                                             faked_cpu):
-    """On both kinds of CPU (faked: with AVX-512 the quick space has fp8 KV and 26 points, without it
-    13), so the expectations follow the platform the study reports, never one machine's space."""
+    """On both kinds of CPU (faked: with AVX-512 the quick space has fp8 KV and twice the points it
+    has without), so the expectations follow the platform the study reports, never one machine's space."""
     from autotune import hardware
 
     monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
@@ -218,7 +236,7 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
     assert (f"left out: {FP8_LEFT_OUT}" in " ".join(r.stdout.split())) == (FP8_LEFT_OUT in space.dropped)
     frame = pd.read_csv(tmp_path / "p" / "trials.csv")
     cands = frame[~frame["role"].isin(["baseline", "re-measure"])]
-    # Stopped well before the grid (here 6 of 26 points with fp8 KV, 5 of 13 without), with budget left.
+    # Stopped well before the grid, with budget left.
     assert 2 <= len(cands) and 3 * len(cands) < 2 * len(grid) and len(frame) < 30
     assert cands["predicted_speedup"].notna().all() and cands["planned"].notna().all()
     # Then the pick and the baseline once more, each on a fresh engine, pooled.

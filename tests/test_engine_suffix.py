@@ -1,0 +1,92 @@
+"""Suffix decoding on the real vLLM CPU engine (Arctic Inference's tree), against its forecast.
+
+The baseline and one suffix candidate serve the first edits of examples/json_edit.jsonl one at a
+time, twice over (two windows, no warm-up, one engine each). Lossless: every greedy output equals
+the baseline's. Predicted: replaying Arctic Inference's cache over the baseline's prompts and
+outputs in the same order, from an empty cache, gives vLLM's own counters for the first window
+exactly: drafts, draft tokens, accepted tokens and accepted tokens by position.
+
+The second window shows that the cache outlives a window: the tree already holds every response
+of the first, and drafts run longer. Its forecast (the same replay, twice over) is exact only up
+to what the engine saw past a request's end and the baseline never did: vLLM's runner feeds the
+tree every token a step sampled, also a bonus token after an accepted end-of-sequence draft (the
+scheduler drops it from the output), and a later draft through that end is verified against the
+target's real continuation.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import demo
+from autotune.candidate import Candidate, Settings
+from autotune.config import StudyConfig
+from autotune.engine import PER_POS
+from autotune.evaluate import trial_job
+from autotune.predict import suffix_acceptance, suffix_available
+from autotune.worker import run_trial
+from autotune.workload import Workload, load_workload
+
+pytestmark = [pytest.mark.engine,
+              pytest.mark.skipif(not suffix_available(), reason="Arctic Inference is not installed "
+                                 "(scripts/setup.sh builds it; without it vLLM refuses method: suffix)")]
+REQUESTS = 6
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 24,
+          "suffix_decoding_max_spec_factor": 2.0, "suffix_decoding_min_token_prob": 0.1, "enforce_eager": True}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The baseline's and the suffix candidate's raw runs over the same requests."""
+    tmp = tmp_path_factory.mktemp("suffix")
+    wl = load_workload("examples/json_edit.jsonl")
+    wl = Workload(wl.path, wl.requests[:REQUESTS])
+    cfg = StudyConfig(name="suffix", results_dir=tmp, repeats=2, warmup=0, samples=0,
+                      settings=Settings(model=str(demo.TARGET), dtype=demo.DTYPE, max_model_len=demo.MAX_MODEL_LEN,
+                                        gpu_memory_utilization=0.3))
+    out = {}
+    for name, params in (("baseline", {"method": "none", "enforce_eager": True}), ("suffix", SUFFIX)):
+        got = run_trial(trial_job(Candidate(params), wl, cfg), tmp / name, timeout_s=600)
+        assert got.raw is not None, got.failure
+        out[name] = got.raw
+    return out
+
+
+def _counters(window):
+    c = window["spec_counters"]
+    return {"drafts": c["vllm:spec_decode_num_drafts"], "draft_tokens": c["vllm:spec_decode_num_draft_tokens"],
+            "accepted": c["vllm:spec_decode_num_accepted_tokens"], "per_pos": list(c[PER_POS])}
+
+
+def _said(a, k):
+    return {"drafts": a.drafts, "draft_tokens": a.draft_tokens, "accepted": a.accepted,
+            "per_pos": list(a.per_pos) + [0] * (k - len(a.per_pos))}
+
+
+def test_suffix_outputs_are_the_baselines(runs):
+    base = {r["id"]: r["token_ids"] for r in runs["baseline"]["windows"][0]["requests"]}
+    assert len(base) == REQUESTS and all(base.values())
+    for w in runs["suffix"]["windows"]:
+        assert {r["id"]: r["token_ids"] for r in w["requests"]} == base
+    assert runs["suffix"]["speculative_config"]["method"] == "suffix"
+
+
+def test_forecast_equals_vllms_counters_window_by_window(runs):
+    recs = runs["baseline"]["windows"][0]["requests"]
+    pairs = [(r["prompt_token_ids"], r["token_ids"]) for r in recs]
+    k = SUFFIX["num_speculative_tokens"]
+    knobs = dict(k=k, max_model_len=demo.MAX_MODEL_LEN, max_tree_depth=SUFFIX["suffix_decoding_max_tree_depth"],
+                 max_spec_factor=SUFFIX["suffix_decoding_max_spec_factor"],
+                 min_token_prob=SUFFIX["suffix_decoding_min_token_prob"])
+    first = suffix_acceptance(pairs, **knobs)
+    both = suffix_acceptance(pairs, windows=2, **knobs)
+    second = {key: b - a if key != "per_pos" else [y - x for x, y in zip(a, b)]
+              for key, a, b in ((key, _said(first, k)[key], _said(both, k)[key]) for key in _said(first, k))}
+    measured = [_counters(w) for w in runs["suffix"]["windows"]]
+    print("forecast", _said(first, k), second, "vLLM", measured)
+    assert measured[0] == _said(first, k)
+    assert first.drafts > 0 and first.accepted > 0
+    assert second["accepted"] == pytest.approx(measured[1]["accepted"], rel=0.01)
+    assert second["draft_tokens"] == pytest.approx(measured[1]["draft_tokens"], rel=0.01)
+    # The cache holds the first window's responses: the second accepts more per draft.
+    assert measured[1]["accepted"] / measured[1]["drafts"] > measured[0]["accepted"] / measured[0]["drafts"]
