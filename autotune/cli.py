@@ -22,6 +22,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from autotune import __version__
+from autotune import errors
 from autotune.errors import AutotuneError, BadInput
 from autotune.formats import FORMATS
 from autotune.present import categories_table, inspect_table, search_summary
@@ -64,6 +65,15 @@ def _choice(kind: type[Enum], value: str, flag: str) -> Any:
         raise BadInput(f"{flag}: expected one of {', '.join(m.value for m in kind)}, got {value!r}") from None
 
 
+class Instrument(str, Enum):
+    served = "served"
+    inprocess = "inprocess"
+
+
+def _instrument(value: str) -> str:
+    return _choice(Instrument, value, "--instrument").value
+
+
 def _workload_format(value: str) -> str:
     return _choice(WorkloadFormat, value, "--format").value
 
@@ -82,7 +92,8 @@ def _signals() -> tuple[type[BaseException], ...]:
 
 class _Edge(TyperGroup):
     """Every command's errors become exit codes here, the one edge: an AutotuneError is its one
-    line (exit 2 for bad input), anything else an internal error (exit 1); --verbose adds the traceback."""
+    line (exit 2 for bad input), anything else an internal error (exit 3, apart from a regression's
+    or a failed study's 1); --verbose adds the traceback."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -95,8 +106,12 @@ class _Edge(TyperGroup):
             _internal(e)
 
 
+# Listed in `autotune --help`, from the one table (autotune.errors.EXIT_CODES).
+EXIT_CODES_HELP = "Exit codes:\n" + "\n".join(f"{code} {what}" for code, what in errors.EXIT_CODES.items())
+
 app = typer.Typer(cls=_Edge, add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
-                  help="Find the fastest [b]correct[/b] vLLM configuration for your own workload.")
+                  help="Find the fastest [b]correct[/b] vLLM configuration for your own workload.",
+                  epilog=EXIT_CODES_HELP)
 
 
 def _version(value: bool) -> None:
@@ -140,7 +155,7 @@ def _internal(e: Exception) -> None:
         hint = f" (at {Path(last.filename).name}:{last.lineno} in {last.name}; --verbose shows the traceback)"
     err.print(f"[red]error:[/red] internal error: {escape(f'{type(e).__name__}: {e}{hint}')}", highlight=False,
               soft_wrap=True)
-    raise typer.Exit(1) from None
+    raise typer.Exit(errors.INTERNAL) from None
 
 
 _TURNS_HELP = ("Multi-turn requests: 'first' sends the first turn only, 'all' replays every turn as a "
@@ -173,6 +188,10 @@ def search(
                                                "what can win, stop when nothing can beat the best by more than "
                                                "the noise), grid (the space in order), tpe or random (Optuna's "
                                                "samplers).")] = "predict",
+    instrument: Annotated[str, typer.Option(help="How each trial is measured: served (the candidate's exported "
+                                                 "`vllm serve` command, driven over HTTP: the number users get) "
+                                                 "or inprocess (vLLM's AsyncLLM in the worker: skips the serving "
+                                                 "cost of each request, so it overstates speedups).")] = "served",
     remeasure: Annotated[bool, typer.Option("--remeasure/--no-remeasure", help="Then measure the pick and the "
                                             "baseline once more, each on a fresh engine, and pool the windows, so "
                                             "the pick's interval includes the spread between engine instances "
@@ -259,6 +278,7 @@ def search(
                          eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
                          turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
                          strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, schedule=schedule,
+                         instrument=_instrument(instrument),
                          study=study, storage=storage, results=results, objectives=objectives,
                          concurrency=concurrency, load=load, levels=levels, repeats=repeats, max_repeats=max_repeats, slo=slo,
                          warmup=warmup, trial_timeout=trial_timeout, max_model_len=max_model_len, dtype=dtype,
@@ -274,7 +294,7 @@ def search(
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/yellow] the running trial is recorded as failed; "
                   "continue with the same command and --resume")
-        raise typer.Exit(130) from None
+        raise typer.Exit(errors.INTERRUPTED) from None
     out = opts.results / report["study"]
     if not json_:
         search_summary(say, report, out)
@@ -283,7 +303,7 @@ def search(
     if json_:
         print(json.dumps(report, indent=2))
     if not report.get("best"):
-        raise typer.Exit(1)
+        raise typer.Exit(errors.FAILED)
 
 
 def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool) -> dict[str, Any]:
@@ -298,7 +318,7 @@ def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool) -> 
                     say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/yellow] the study's results are written; servers ended")
-        raise typer.Exit(130) from None
+        raise typer.Exit(errors.INTERRUPTED) from None
     report = load_report(out)
     if show:
         say.print(served_line(report), highlight=False, markup=False, soft_wrap=True)
@@ -400,7 +420,7 @@ def confirm(
                              say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/yellow] every server was ended; best.json is unchanged")
-        raise typer.Exit(130) from None
+        raise typer.Exit(errors.INTERRUPTED) from None
     if json_out:
         print(json.dumps(served, indent=2))
         return
@@ -455,7 +475,7 @@ def check(
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
             f.write(summary)
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if json_out else summary)
-    raise typer.Exit(0 if result.ok else 1)
+    raise typer.Exit(errors.OK if result.ok else errors.FAILED)
 
 
 @app.command(epilog="Examples:\n\n  autotune report results/json_edit\n\n"

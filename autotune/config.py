@@ -41,6 +41,10 @@ class StudyConfig:
     remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
     schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.schedule; the CLI: on)
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
+    # How a trial is measured (autotune.engine.INSTRUMENTS): "served", the exported `vllm serve` over
+    # HTTP, what users get (the CLI's default); "inprocess", AsyncLLM in the worker, which skips the
+    # serving cost of each request and so overstates speedups (benchmarks/served_gap.py).
+    instrument: str = "inprocess"
 
     @property
     def storage_url(self) -> str:
@@ -53,6 +57,8 @@ class Progress(Protocol):
     def trial_started(self, number: int, label: str) -> None: ...
     def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
     def trial_finished(self, number: int, label: str, summary: str) -> None: ...
+    def note(self, text: str) -> None:
+        """One line about the study rather than a trial: what was left out, why it stopped."""
 
 
 class Quiet:
@@ -61,3 +67,4 @@ class Quiet:
     def trial_started(self, number: int, label: str) -> None: ...
     def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
     def trial_finished(self, number: int, label: str, summary: str) -> None: ...
+    def note(self, text: str) -> None: ...

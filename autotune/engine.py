@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from autotune.records import Job, RawRun
@@ -123,28 +124,22 @@ def inject_fault(sampling: dict[str, Any], fault: dict[str, Any] | None) -> dict
 
 async def _one(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one request, streaming deltas; keep raw timestamps (derived numbers come later)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    params = SamplingParams(output_kind=RequestOutputKind.DELTA, **inject_fault(req["sampling"], fault))
     rec: dict[str, Any] = {"id": req["id"], "start": time.perf_counter(), "chunks": [], "token_ids": [],
                            "text": "", "finish_reason": None, "error": None, "prompt_tokens": None}
     try:
-        async for out in engine.generate(prompt, params, f"{req['id']}-{uuid.uuid4().hex[:8]}"):
+        async for d in engine.stream(prompt, inject_fault(req["sampling"], fault), f"{req['id']}-{uuid.uuid4().hex[:8]}"):
             now = time.perf_counter()
-            comp = out.outputs[0]
-            if comp.token_ids:
-                rec["chunks"].append([now, len(comp.token_ids)])
-                rec["token_ids"].extend(comp.token_ids)
-            rec["text"] += comp.text
-            if rec["prompt_tokens"] is None and out.prompt_token_ids is not None:
-                rec["prompt_tokens"] = len(out.prompt_token_ids)
-                rec["prompt_token_ids"] = list(out.prompt_token_ids)  # vLLM's own tokenization, for _score
-            if out.finished:
-                rec["finish_reason"] = comp.finish_reason
-                spec = getattr(comp, "spec_decode_metrics", None)  # set where _engine_args asked for it
-                if spec is not None:
-                    rec["spec_decode"] = spec.to_dict()
+            if d.token_ids:
+                rec["chunks"].append([now, len(d.token_ids)])
+                rec["token_ids"].extend(d.token_ids)
+            rec["text"] += d.text
+            if rec["prompt_tokens"] is None and d.prompt_token_ids is not None:
+                rec["prompt_tokens"] = len(d.prompt_token_ids)
+                rec["prompt_token_ids"] = list(d.prompt_token_ids)  # vLLM's own tokenization, for _score
+            if d.finished:
+                rec["finish_reason"] = d.finish_reason
+                if d.spec_decode is not None:  # set where _engine_args asked for it (in-process only)
+                    rec["spec_decode"] = d.spec_decode
     except Exception as e:  # a request error is recorded; the run is then incomplete
         rec["error"] = f"{type(e).__name__}: {e}"
     rec["end"] = time.perf_counter()
@@ -221,7 +216,7 @@ async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
     if not n or not picked:
         return {}
     phase("samples", {"total": n * len(picked)})
-    budget = _token_budget(engine)
+    budget = engine.token_budget()
     out: dict[str, list[list[int]]] = {}
     for r, p in picked:
         # vLLM's CPU model runner cannot rewind a seeded request's generator when that request's
@@ -242,14 +237,6 @@ async def _samples(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
     return out
 
 
-def _token_budget(engine: Any) -> int | None:
-    """The scheduler's tokens per step (``max_num_batched_tokens``), None where it cannot be read."""
-    try:
-        return int(engine.vllm_config.scheduler_config.max_num_batched_tokens)
-    except (AttributeError, TypeError, ValueError):
-        return None
-
-
 async def _score(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str, Any]],
                  reference: dict[str, list[int]] | None, phase: Phase) -> dict[str, dict[str, Any]]:
     """After measuring: score a token path of every request, teacher-forced (greedy ones first).
@@ -263,12 +250,6 @@ async def _score(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str
     output went elsewhere. One request at a time: batching changes numerics, and both sides
     must be batched alike. A request vLLM cannot score keeps its error instead; the trial goes on.
     """
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-
-    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=LOGPROB_TOP_K, detokenize=False,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
     by_id = {r["id"]: r for r in records}
     ordered = sorted(reqs, key=lambda r: r["sampling"].get("temperature", 0) > 0)  # greedy first, stable
     chosen = [r["id"] for r in ordered if r["id"] in by_id][:LOGPROB_MAX_REQUESTS]
@@ -280,13 +261,10 @@ async def _score(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str
         if not path or not prompt_ids:
             continue
         try:
-            final = None
-            async for final in engine.generate(TokensPrompt(prompt_token_ids=prompt_ids + path), params,
-                                               f"{rid}-score-{uuid.uuid4().hex[:8]}"):
-                pass
-            by_pos = final.prompt_logprobs[len(prompt_ids):]  # position i: {token id: Logprob} for path[i]
-            out[rid] = {"token_ids": path, "logprobs": [round(d[t].logprob, 5) for d, t in zip(by_pos, path)],
-                        "top": [[[t, round(lp.logprob, 5)] for t, lp in d.items()] for d in by_pos]}
+            lps = await engine.prompt_logprobs(prompt_ids + path, LOGPROB_TOP_K, f"{rid}-score-{uuid.uuid4().hex[:8]}")
+            by_pos = lps[len(prompt_ids):]  # position i: {token id: (log-prob, rank)} for path[i]
+            out[rid] = {"token_ids": path, "logprobs": [round(d[t][0], 5) for d, t in zip(by_pos, path)],
+                        "top": [[[t, round(lp, 5)] for t, (lp, _) in d.items()] for d in by_pos]}
         except Exception as e:  # e.g. a config where vLLM refuses prompt_logprobs: say why, measure on
             out[rid] = {"token_ids": path, "error": f"{type(e).__name__}: {e}"}
     return out
@@ -296,11 +274,11 @@ async def _window(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], l
                   fault: dict[str, Any] | None, on_done: Callable[[int], None]) -> dict[str, Any]:
     """One measured window: a cold prefix cache, the whole workload, counters diffed around it."""
     await engine.reset_prefix_cache()  # every window (and every candidate) starts equally cold
-    before = spec_counters()
+    before = await engine.counters()
     t0 = time.perf_counter()
     records = await _replay(engine, reqs, prompts, load, on_done, fault)
     t1 = time.perf_counter()
-    counters = diff_counters(before, spec_counters())
+    counters = diff_counters(before, await engine.counters())
     for r in records:  # times relative to the window start, easier to read and to check
         r["start"] -= t0
         r["end"] -= t0
@@ -322,15 +300,95 @@ def _engine_args(cls: Any, kwargs: dict[str, Any]) -> Any:
     return cls(**kwargs, **extra)
 
 
-async def _run(job: Job, phase: Phase) -> RawRun:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
+class InProcess:
+    """vLLM's AsyncLLM in this process, behind the same methods as the served instrument
+    (autotune.served_engine.ServedEngine), so one replay drives either."""
 
+    def __init__(self, job: Job) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(_engine_args(AsyncEngineArgs, job["engine_kwargs"]))
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
+    def token_budget(self) -> int | None:
+        """The scheduler's tokens per step (``max_num_batched_tokens``), None where it cannot be read."""
+        try:
+            return int(self.engine.vllm_config.scheduler_config.max_num_batched_tokens)
+        except (AttributeError, TypeError, ValueError):
+            return None
+
+    async def reset_prefix_cache(self) -> None:
+        await self.engine.reset_prefix_cache()
+
+    async def counters(self) -> dict[str, Any]:
+        return spec_counters()
+
+    async def stream(self, prompt: Any, sampling: dict[str, Any], rid: str) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from autotune.served_engine import Delta
+
+        params = SamplingParams(output_kind=RequestOutputKind.DELTA, **sampling)
+        async for out in self.engine.generate(prompt, params, rid):
+            comp = out.outputs[0]
+            spec = getattr(comp, "spec_decode_metrics", None) if out.finished else None
+            yield Delta(token_ids=list(comp.token_ids), text=comp.text, finished=out.finished,
+                        finish_reason=comp.finish_reason if out.finished else None,
+                        prompt_token_ids=None if out.prompt_token_ids is None else list(out.prompt_token_ids),
+                        spec_decode=None if spec is None else spec.to_dict())
+
+    async def prompt_logprobs(self, ids: list[int], k: int, rid: str) -> list[dict[int, tuple[float, int | None]]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+            pass
+        return [{t: (lp.logprob, lp.rank) for t, lp in (d or {}).items()} for d in final.prompt_logprobs]
+
+    def speculation(self) -> dict[str, Any] | None:
+        return _speculation_ran(self.engine)
+
+    async def start(self) -> float:
+        return 0.0
+
+    async def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+INSTRUMENTS = ("served", "inprocess")  # how a trial is measured (StudyConfig.instrument)
+SERVER_LOG = "server.log"  # the served instrument's `vllm serve` output, in the trial's folder
+
+
+async def _start(job: Job) -> Any:
+    """The job's instrument: the exported ``vllm serve`` over HTTP, or AsyncLLM in this process."""
+    if job["replay"].get("instrument", "inprocess") == "served":
+        from autotune.served_engine import ServedEngine
+
+        log = Path(job.get("workdir") or ".") / SERVER_LOG  # beside worker.log
+        engine: Any = ServedEngine(engine_kwargs=job["engine_kwargs"], log_path=log)
+        try:
+            await engine.start()
+        except BaseException:
+            await engine.shutdown()
+            raise
+        return engine
+    return InProcess(job)
+
+
+async def _run(job: Job, phase: Phase) -> RawRun:
     reqs, replay, fault = job["requests"], job["replay"], job.get("inject_fault")
     load = replay["load"]
     phase("engine", {})
     t0 = time.perf_counter()
-    engine = AsyncLLM.from_engine_args(_engine_args(AsyncEngineArgs, job["engine_kwargs"]))
+    engine = await _start(job)
     try:
         init_s = time.perf_counter() - t0
         prompts = [_prompt_text(engine, r) for r in reqs]
@@ -347,12 +405,12 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         samples = await _samples(engine, reqs, prompts, replay, fault, phase,
                                  {x["id"]: x.get("prompt_tokens") for x in windows[0]["requests"]})
         scores = await _score(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
-        ran = _speculation_ran(engine)
+        ran = engine.speculation()
     finally:
-        engine.shutdown()
+        await engine.shutdown()
     return {"engine_init_s": init_s, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
-            "speculative_config": ran}
+            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess")}
 
 
 def _speculation_ran(engine: Any) -> dict[str, Any] | None:

@@ -75,7 +75,8 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: 
     job: Job = {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
                 "replay": {"load": cfg.load.to_dict(), "extra_loads": [x.to_dict() for x in cfg.extra_loads],
                            "repeats": cfg.repeats, "max_repeats": cfg.max_repeats, "warmup": cfg.warmup,
-                           "samples": cfg.samples, "sample_tokens": cfg.sample_tokens},
+                           "samples": cfg.samples, "sample_tokens": cfg.sample_tokens,
+                           "instrument": cfg.instrument},
                 "engine_module": cfg.engine_module}
     if reference is not None:
         job["reference"] = reference.paths()

@@ -38,6 +38,7 @@ class Replay(TypedDict):
     warmup: int
     samples: int
     sample_tokens: int
+    instrument: NotRequired[str]  # "served" or "inprocess" (autotune.engine.INSTRUMENTS)
 
 
 class Job(TypedDict):

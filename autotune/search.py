@@ -37,6 +37,7 @@ class SearchOptions:
     drop_too_long: bool = False
     trials: int = 8
     strategy: str = "predict"
+    instrument: str = "served"
     remeasure: bool = True
     schedule: bool = True
     study: str | None = None
@@ -141,7 +142,7 @@ def prepare(o: SearchOptions) -> Prepared:
                       max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
                       trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
                       lossy_min_gain=o.lossy_min_gain,
-                      strategy=o.strategy, remeasure=o.remeasure, schedule=o.schedule,
+                      strategy=o.strategy, remeasure=o.remeasure, schedule=o.schedule, instrument=o.instrument,
                       tolerances=Tolerances(lossless=o.lossless_tolerance, max_drift=o.max_drift,
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),

@@ -19,22 +19,32 @@ def _fmt(x: float, lo: float | None, hi: float | None) -> str:
     return f"{x:.2f}x" + (f" [{lo:.2f}-{hi:.2f}]" if lo is not None and hi is not None else "")
 
 
-def verdict(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None]
-            ) -> str:
-    """``agree`` where the served and claimed intervals overlap, else one line saying which lies
-    below which. A side without an interval is its point."""
+AGREE_WITHIN = 0.05  # claimed/served inside 1 +- this is agreement; overlapping intervals are not
+
+
+def claim_ratio(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None]
+                ) -> tuple[float, float, float]:
+    """claimed / served with an interval: the ratio of the points, and the widest ratios the two
+    intervals allow (a side without an interval is its point)."""
     s, s_lo, s_hi = served
     c, c_lo, c_hi = claimed
     s_lo, s_hi = (s if s_lo is None else s_lo), (s if s_hi is None else s_hi)
     c_lo, c_hi = (c if c_lo is None else c_lo), (c if c_hi is None else c_hi)
-    if s_hi < c_lo:
-        where = "below"
-    elif s_lo > c_hi:
-        where = "above"
-    else:
+    return c / s, c_lo / s_hi, c_hi / s_lo
+
+
+def verdict(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None]
+            ) -> str:
+    """``agree`` where the claim lies within 5% of the served speedup (claimed/served in
+    0.95-1.05); else one line giving claimed/served with its interval and which lies above.
+    Overlapping intervals alone are no agreement: with 3 rounds a side they overlap at 20% apart."""
+    r, lo, hi = claim_ratio(served, claimed)
+    if abs(r - 1) <= AGREE_WITHIN:
         return AGREE
-    return (f"the served speedup {_fmt(s, *served[1:])} lies {where} the claimed {_fmt(c, *claimed[1:])} "
-            "(in-process)")
+    where = "above" if r > 1 else "below"
+    return (f"the claimed {_fmt(claimed[0], *claimed[1:])} (in-process) lies {abs(r - 1):.0%} {where} the served "
+            f"{_fmt(served[0], *served[1:])}: claimed/served {r:.2f} [{lo:.2f}-{hi:.2f}], outside "
+            f"1 +- {AGREE_WITHIN:.0%}")
 
 
 def served_line(report: dict[str, Any]) -> str | None:
@@ -51,7 +61,9 @@ def served_line(report: dict[str, Any]) -> str | None:
             f"tok/s (vllm serve + vllm bench serve, {sv['rounds']} round(s) a side, 95% interval over rounds)"
             f"{claim}")
     v = report.get("served_vs_claimed")
-    return line + (f": {v}" if v and v != AGREE else ": they agree" if v == AGREE else "")
+    if v == AGREE and _num(c.get("speedup")):
+        return line + f": claimed/served {c['speedup'] / sv['speedup']:.2f}, within {AGREE_WITHIN:.0%}"
+    return line + (f": {v}" if v else "")
 
 
 

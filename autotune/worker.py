@@ -51,10 +51,13 @@ KNOWN_FAULTS = {
 
 def explain(log_path: str | Path | None) -> str:
     """``"; cause: ..."`` for a known vLLM fault in a worker's log, else ``""``."""
-    try:
-        text = Path(log_path).read_text(errors="replace") if log_path else ""
-    except OSError:
-        return ""
+    text = ""
+    if log_path:  # the worker's log, and a served trial's server log beside it
+        for p in (Path(log_path), Path(log_path).with_name("server.log")):
+            try:
+                text += p.read_text(errors="replace")
+            except OSError:
+                pass
     return "".join(f"; cause: {why} (worker log: {sign!r})" for sign, why in KNOWN_FAULTS.items() if sign in text)
 
 
@@ -98,7 +101,7 @@ def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | 
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     events_path, log_path = workdir / "events.jsonl", workdir / WORKER_LOG
-    for p in (result_path, events_path):
+    for p in (result_path, events_path, workdir / "server.pgid"):
         p.unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))
     t0 = time.monotonic()
@@ -118,6 +121,7 @@ def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | 
                 time.sleep(0.2)
         finally:  # also on KeyboardInterrupt: never leave an engine behind
             _end_group(proc)
+            _end_server(workdir)
         _pump(events_path, seen, on_event)
     wall = time.monotonic() - t0
     if failure is None and result_path.exists():
@@ -130,6 +134,20 @@ def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | 
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         failure = f"worker crashed ({how}): {_tail(log_path)}"
     return TrialOutcome(None, failure, wall, str(log_path), proc.pid)
+
+
+def _end_server(workdir: Path) -> None:
+    """A served trial's `vllm serve` runs in a session of its own (autotune.served_engine): end its
+    group too, whether the worker ended it or was ended before it could."""
+    pgid_file = workdir / "server.pgid"
+    try:
+        pgid = int(pgid_file.read_text())
+    except (OSError, ValueError):
+        return
+    from autotune.served_engine import end_server_group
+
+    end_server_group(pgid, grace_s=10.0)
+    pgid_file.unlink(missing_ok=True)
 
 
 def _pump(events_path: Path, seen: int, on_event: OnEvent | None) -> int:
@@ -157,6 +175,7 @@ def main(argv: list[str]) -> int:
     """Child side: run the job, write the result (or the error) and exit."""
     job_path, result_path, events_path = (Path(a) for a in argv)
     job = json.loads(job_path.read_text())
+    job["workdir"] = str(job_path.parent)  # where the engine may keep logs of its own (a served trial's server)
     events = open(events_path, "a", buffering=1)
 
     def phase(name: str, data: dict[str, Any]) -> None:

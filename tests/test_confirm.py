@@ -203,13 +203,17 @@ def test_bad_load_label_names_the_key():
 
 
 @pytest.mark.parametrize("served, claimed, expect", [
-    ((1.32, 1.25, 1.40), (1.58, 1.49, 1.71), "the served speedup 1.32x [1.25-1.40] lies below the claimed "
-                                              "1.58x [1.49-1.71] (in-process)"),
-    ((1.50, 1.40, 1.55), (1.58, 1.49, 1.71), "agree"),
-    ((2.40, 2.30, 2.50), (2.00, 1.90, 2.10), "the served speedup 2.40x [2.30-2.50] lies above the claimed "
-                                              "2.00x [1.90-2.10] (in-process)"),
-    ((1.2, None, None), (1.3, None, None), "the served speedup 1.20x lies below the claimed 1.30x (in-process)"),
-    ((1.2, 1.0, 1.4), (1.3, None, None), "agree"),
+    # intervals that overlap are no agreement: 1.58/1.50 is 5.3% apart
+    ((1.50, 1.40, 1.55), (1.58, 1.49, 1.71), "the claimed 1.58x [1.49-1.71] (in-process) lies 5% above the served "
+                                              "1.50x [1.40-1.55]: claimed/served 1.05 [0.96-1.22], outside 1 +- 5%"),
+    ((1.32, 1.25, 1.40), (1.58, 1.49, 1.71), "the claimed 1.58x [1.49-1.71] (in-process) lies 20% above the served "
+                                              "1.32x [1.25-1.40]: claimed/served 1.20 [1.06-1.37], outside 1 +- 5%"),
+    ((2.40, 2.30, 2.50), (2.00, 1.90, 2.10), "the claimed 2.00x [1.90-2.10] (in-process) lies 17% below the served "
+                                              "2.40x [2.30-2.50]: claimed/served 0.83 [0.76-0.91], outside 1 +- 5%"),
+    ((1.2, None, None), (1.3, None, None), "the claimed 1.30x (in-process) lies 8% above the served 1.20x: "
+                                           "claimed/served 1.08 [1.08-1.08], outside 1 +- 5%"),
+    ((1.2, 1.0, 1.4), (1.25, None, None), "agree"),
+    ((2.54, 2.44, 3.04), (2.50, 2.10, 2.90), "agree"),
 ])
 def test_verdict(served, claimed, expect):
     assert c.verdict(served, claimed) == expect
@@ -248,12 +252,12 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     assert report["schema_version"] == 1
     assert report["best"]["served"]["speedup"] == pytest.approx(1.5)
     assert report["best"]["speedup"]["output_tok_s"] == 1.6
-    assert report["served_vs_claimed"] == ("the served speedup 1.50x [1.50-1.50] lies below the claimed "
-                                           "1.60x [1.55-1.70] (in-process)")
+    assert report["served_vs_claimed"] == ("the claimed 1.60x [1.55-1.70] (in-process) lies 7% above the served "
+                                           "1.50x [1.50-1.50]: claimed/served 1.07 [1.03-1.13], outside 1 +- 5%")
     assert c.served_line(report).startswith("served: 1.50x [1.50-1.50] the baseline's output tok/s")
     md = (d / "report.md").read_text()
     assert md.startswith("# autotune study\n\nthe study's own text\n") and md.count(c.SECTION) == 1
-    assert "lies below the claimed" in md
+    assert "lies 7% above the served" in md
     assert any("round 2/2 pick: 150.0 output tok/s" in x for x in lines)
     # nothing left: every server's process group and its "engine core" child
     assert all(_gone(p) for p in fake.pids()) and len(fake.pids()) == 8
@@ -377,7 +381,9 @@ def test_real_engine_confirms_a_short_studys_pick(study_dir, tmp_path):
     # both numbers, side by side
     assert b["speedup"]["output_tok_s"] > 0 and served["speedup"] > 0
     assert b["served"]["speedup"] == pytest.approx(served["speedup"])
-    assert report["served_vs_claimed"] == "agree" or "lies" in report["served_vs_claimed"]
+    ratio = b["speedup"]["output_tok_s"] / served["speedup"]
+    # agreement is the claim within 5% of the served figure, never mere overlap
+    assert (report["served_vs_claimed"] == "agree") == (abs(ratio - 1) <= 0.05), (ratio, report["served_vs_claimed"])
     assert served["order"] == ["baseline", "pick"] and served["vllm_version"] == report["vllm_version"]
     for side in c.SIDES:
         data = json.loads((d / "confirm" / f"round-1-{side}.json").read_text())

@@ -1,4 +1,11 @@
-from autotune.worker import failure_reason
+"""The worker process (autotune.worker): failure reasons, and a worker's whole process group ended."""
+
+import os
+import signal
+import sys
+import time
+
+from autotune.worker import failure_reason, run_trial
 
 
 def test_failure_reason_keeps_the_telling_lines():
@@ -22,3 +29,87 @@ def test_a_known_vllm_fault_in_the_worker_log_is_explained(tmp_path):
     assert "give the sampled requests no seed" in why and "\n" not in why
     log.write_text("RuntimeError: something else\n")
     assert explain(log) == "" and explain(tmp_path / "missing.log") == "" and explain(None) == ""
+
+
+# A job that hangs after starting a child of its own, as vLLM starts its engine core: the child
+# stays in the worker's process group (the worker leads it: it starts in its own session).
+HANG_WITH_A_CHILD = '''
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def run_job(job, phase):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    Path(job["pids"]).write_text(f"{child.pid} {os.getpgid(child.pid)}")
+    time.sleep(3600)
+'''
+
+
+def _group_gone(pgid, timeout_s):
+    """True once no process of group ``pgid`` is left (within ``timeout_s``: the dead are reaped)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_worker_timeout_ends_the_whole_process_group(tmp_path, monkeypatch):
+    (tmp_path / "hang_with_a_child.py").write_text(HANG_WITH_A_CHILD)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    pids = tmp_path / "pids"
+    job = {"engine_kwargs": {"model": "m"}, "requests": [], "replay": {"load": {"kind": "batch"}},
+           "engine_module": "hang_with_a_child", "pids": str(pids)}
+    out = run_trial(job, tmp_path / "t", timeout_s=5, python=sys.executable)
+    try:
+        assert out.raw is None and out.failure.startswith("timeout") and 5 <= out.wall_s < 30
+        child, group = map(int, pids.read_text().split())
+        assert group == out.pid  # the worker led the group, and its child was in it
+        assert _group_gone(out.pid, 10), f"process group {out.pid} outlived the worker's timeout (child {child})"
+    finally:  # a broken _end_group leaves the child behind: never leave it running
+        try:
+            os.killpg(out.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# A job that starts a "server" in a session of its own, as the served instrument starts `vllm serve`
+# (autotune.served_engine), records its group where the parent looks for it, and hangs.
+HANG_WITH_A_SERVER = '''
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def run_job(job, phase):
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+    (Path(job["workdir"]) / "server.pgid").write_text(str(server.pid))
+    Path(job["pids"]).write_text(str(server.pid))
+    time.sleep(3600)
+'''
+
+
+def test_worker_timeout_ends_a_served_trials_server_in_its_own_session(tmp_path, monkeypatch):
+    (tmp_path / "hang_with_a_server.py").write_text(HANG_WITH_A_SERVER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    pids = tmp_path / "pids"
+    job = {"engine_kwargs": {"model": "m"}, "requests": [], "replay": {"load": {"kind": "batch"}},
+           "engine_module": "hang_with_a_server", "pids": str(pids)}
+    out = run_trial(job, tmp_path / "t", timeout_s=5, python=sys.executable)
+    server = int(pids.read_text())
+    try:
+        assert out.failure.startswith("timeout") and server != out.pid  # a group apart from the worker's
+        assert _group_gone(server, 15), f"the server's group {server} outlived the worker's timeout"
+        assert not (tmp_path / "t" / "server.pgid").exists()  # never signalled again: ids are reused
+    finally:
+        try:
+            os.killpg(server, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

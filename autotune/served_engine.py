@@ -1,0 +1,252 @@
+"""The served instrument: a trial measured through the exported ``vllm serve`` command, over HTTP.
+
+Why (issue 24, benchmarks/served_gap.py): an in-process AsyncLLM skips what serving costs each
+request (HTTP, the OpenAI layer, a client in another process). On 2 cores that was ~25-40 ms of
+TTFT a request, paid alike by every config, so it shrinks the faster config's speedup: the
+in-process claim sat 13-30% above what `vllm serve` + `vllm bench serve` measured. Served, a trial
+measures what users run.
+
+The worker starts the candidate's exact ``vllm serve`` arguments (autotune.export.serve_argv)
+in its own process group, so ending the worker ends the server too; requests go to
+``/v1/completions`` streamed with ``return_token_ids``, like ``vllm bench serve`` (aiohttp);
+vLLM's counters come from ``/metrics`` (Prometheus text, parsed by prometheus_client); the prefix
+cache is reset through vLLM's dev endpoint (``VLLM_SERVER_DEV_MODE=1``). What vLLM resolved the
+config to (token budget, speculation) is read with vLLM's own parser and config, as `vllm serve`
+builds it. No vLLM import at module level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.export import serve_argv
+
+HOST = "127.0.0.1"
+SERVER_PGID = "server.pgid"  # beside the server's log: its process group, for the parent to end
+READY_TIMEOUT_S = 600.0
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+@dataclass
+class Delta:
+    """One streamed chunk of one request, whichever instrument produced it."""
+
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    spec_decode: dict[str, Any] | None = None
+
+
+def parse_counters(text: str) -> dict[str, Any]:
+    """vLLM's speculative-decoding counters from a ``/metrics`` page (summed over label sets;
+    the per-position vector ordered by its ``position`` label)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    per_pos: dict[int, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.name.endswith("_total"):
+                continue
+            name = s.name[: -len("_total")]
+            if name in out:
+                out[name] += s.value
+            elif name == PER_POS:
+                pos = int(s.labels.get("position", 0))
+                per_pos[pos] = per_pos.get(pos, 0) + s.value
+    out = {k: int(v) for k, v in out.items()}
+    out[PER_POS] = [int(per_pos[p]) for p in sorted(per_pos)]
+    return out
+
+
+def _get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except (OSError, urllib.error.URLError):
+        return 0, ""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServedEngine:
+    """A `vllm serve` of one candidate, driven over HTTP (see the module docstring)."""
+
+    engine_kwargs: dict[str, Any]
+    log_path: Path
+    ready_timeout_s: float = READY_TIMEOUT_S
+    python: str = sys.executable
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    config: Any = None  # vLLM's VllmConfig, as `vllm serve` builds it from the same arguments
+    _tok: Any = None
+    _session: Any = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def model(self) -> str:
+        return str(self.engine_kwargs["model"])
+
+    def argv(self) -> list[str]:
+        """The server's command line: the exported arguments, plus where to listen."""
+        return [self.python, "-m", "autotune.vllm_cli", "serve", *serve_argv(self.engine_kwargs),
+                "--host", HOST, "--port", str(self.port)]
+
+    async def start(self) -> float:
+        """Start the server, resolve its config meanwhile, wait until healthy; the seconds it took."""
+        self.port = self.port or _free_port()
+        t0 = time.perf_counter()
+        log = open(self.log_path, "w")
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **self.extra_env}
+        # A session of its own, as `vllm serve` runs for users and in `autotune confirm`: Linux
+        # schedules sessions as groups (autogroup), and on few cores the server's own group
+        # changes how its API process keeps up with the engine (benchmarks/served_gap.py). Its
+        # process group is written beside the log, so the parent ends it with the worker's.
+        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        self.log_path.with_name(SERVER_PGID).write_text(str(self.proc.pid))
+        self.config = await asyncio.to_thread(self._resolve)
+        while _get(f"{self.base_url}/health", 5.0)[0] != 200:
+            code = self.proc.poll()
+            if code is not None:
+                raise RuntimeError(f"vllm serve exited before it was ready (exit code {code}): {self._tail()}")
+            if time.perf_counter() - t0 > self.ready_timeout_s:
+                raise RuntimeError(f"vllm serve not ready after {self.ready_timeout_s:g} s: {self._tail()}")
+            await asyncio.sleep(0.25)
+        import aiohttp
+
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
+                                              connector=aiohttp.TCPConnector(limit=0))
+        return time.perf_counter() - t0
+
+    def _resolve(self) -> Any:
+        from vllm.usage.usage_lib import UsageContext
+
+        from autotune.vllm_cli import engine_args_from_serve
+
+        return engine_args_from_serve(serve_argv(self.engine_kwargs)).create_engine_config(
+            UsageContext.OPENAI_API_SERVER)
+
+    def _tail(self, n: int = 6) -> str:
+        try:
+            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        errs = [ln for ln in lines if "Error" in ln or "error:" in ln]
+        return (errs[-1] if errs else " | ".join(lines[-n:]))[-400:]
+
+    def get_tokenizer(self) -> Any:
+        if self._tok is None:
+            from autotune.context import load_tokenizer
+
+            self._tok = load_tokenizer(self.engine_kwargs.get("tokenizer") or self.model,
+                                       trust_remote_code=bool(self.engine_kwargs.get("trust_remote_code")))
+        return self._tok
+
+    def token_budget(self) -> int | None:
+        try:
+            return int(self.config.scheduler_config.max_num_batched_tokens)
+        except (AttributeError, TypeError, ValueError):
+            return None
+
+    async def reset_prefix_cache(self) -> None:
+        async with self._session.post(f"{self.base_url}/reset_prefix_cache") as r:
+            if r.status != 200:
+                raise RuntimeError(f"POST /reset_prefix_cache: HTTP {r.status}")
+
+    async def counters(self) -> dict[str, Any]:
+        async with self._session.get(f"{self.base_url}/metrics") as r:
+            return parse_counters(await r.text())
+
+    async def stream(self, prompt: str | list[int], sampling: dict[str, Any], rid: str) -> AsyncIterator[Delta]:
+        """One request streamed from /v1/completions: a Delta per chunk, the last one finished."""
+        body = {"model": self.model, "prompt": prompt, "stream": True, "return_token_ids": True, **sampling}
+        async with self._session.post(f"{self.base_url}/v1/completions", json=body,
+                                      headers={"X-Request-Id": rid}) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if not data.get("choices"):
+                    continue
+                ch = data["choices"][0]
+                yield Delta(token_ids=list(ch.get("token_ids") or []), text=ch.get("text") or "",
+                            finished=ch.get("finish_reason") is not None, finish_reason=ch.get("finish_reason"),
+                            prompt_token_ids=ch.get("prompt_token_ids") or data.get("prompt_token_ids"))
+
+    async def prompt_logprobs(self, ids: list[int], k: int, rid: str) -> list[dict[int, tuple[float, int | None]]]:
+        """Each prompt position's {token id: (log-prob, rank)}: the scored token and the top ``k``."""
+        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
+        async with self._session.post(f"{self.base_url}/v1/completions", json=body,
+                                      headers={"X-Request-Id": rid}) as resp:
+            data = await resp.json()
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {str(data)[:300]}")
+        by_pos = data["choices"][0].get("prompt_logprobs") or []
+        return [{int(t): (float(v["logprob"]), v.get("rank")) for t, v in (d or {}).items()} for d in by_pos]
+
+    def speculation(self) -> dict[str, Any] | None:
+        spec = getattr(self.config, "speculative_config", None)
+        if spec is None:
+            return None
+        from autotune.candidate import SPEC_KEYS
+
+        return {k: getattr(spec, k) for k in ("method", *SPEC_KEYS)
+                if isinstance(getattr(spec, k, None), (str, int, float, list))}
+
+    async def shutdown(self) -> None:
+        """End the server's process group: SIGTERM (vLLM stops its engine core), SIGKILL after 30 s."""
+        if self._session is not None:
+            await self._session.close()
+        if self.proc is not None:
+            await asyncio.to_thread(end_server_group, self.proc.pid, self.proc)
+            # ended: the parent must not signal that group id again (it could be reused)
+            self.log_path.with_name(SERVER_PGID).unlink(missing_ok=True)
+
+
+def end_server_group(pgid: int, proc: subprocess.Popen | None = None, grace_s: float = 30.0) -> None:
+    """End process group ``pgid`` (a served trial's server): SIGTERM, wait, SIGKILL what is left."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc is not None:
+                proc.poll()  # reap the leader, or the group never empties
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
