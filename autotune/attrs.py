@@ -55,6 +55,7 @@ LEVELS = "levels"  # the study's own load level first, then the extra ones
 LOSSY_MIN_GAIN = "lossy_min_gain"
 WARM_START = "warm_start"
 STRATEGY = "strategy"  # autotune.strategy.STRATEGIES
+FINGERPRINT = "fingerprint"  # what defines the study (autotune.study.fingerprint): a run that differs may not join
 STOPPED = "stopped"  # why the study stopped before the budget was used (the strategy, or no new config to ask)
 SCHEDULE_PLAN = "schedule"  # autotune.schedule: the planned ranges and what they rest on, or why none
 DRAFT_TRACE = "draft_trace"  # {"argmax": request id -> the draft's teacher-forced choices} or {"failure": ...}

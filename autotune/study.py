@@ -161,8 +161,48 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
     return study
 
 
+# What each fingerprint key is set by, for the one line that refuses a run that differs.
+_FINGERPRINT_FLAGS = {"model": "--model", "draft_model": "--draft-model", "eagle_head": "--eagle-head",
+                      "eagle3_head": "--eagle3-head", "tokenizer": "--tokenizer", "dtype": "--dtype",
+                      "max_model_len": "--max-model-len", "workload": "WORKLOAD (its requests)",
+                      "space": "--space", "levels": "--load/--concurrency/--levels", "instrument": "--instrument"}
+
+
+def fingerprint(cfg: StudyConfig, workload: Workload, space: SearchSpace) -> dict[str, Any]:
+    """What defines a study's numbers: the models, the workload's requests (by content, so the same
+    file from another checkout matches), the space's source, the load levels and the instrument.
+    Candidate.key() leaves the model out, so without this a run with another model or workload
+    would mix its trials into the study."""
+    import hashlib
+    import json
+
+    s = cfg.settings
+    requests = json.dumps([r.to_json() for r in workload.requests], sort_keys=True)
+    return {"model": s.model, "draft_model": s.draft_model, "eagle_head": s.eagle_head, "eagle3_head": s.eagle3_head,
+            "tokenizer": s.tokenizer, "dtype": s.dtype, "max_model_len": s.max_model_len,
+            "workload": hashlib.sha256(requests.encode()).hexdigest()[:16],
+            "space": space.resolved.get("source", space.name),
+            "levels": [cfg.load.label, *(x.label for x in cfg.extra_loads)], "instrument": cfg.instrument}
+
+
+def _check_fingerprint(study: optuna.Study, cfg: StudyConfig, mine: dict[str, Any]) -> None:
+    """Refuse to resume or join a study that another model, workload, space, load or instrument made."""
+    saved = study.user_attrs.get(attrs.FINGERPRINT)
+    if saved is None:  # made before fingerprints (or just created): this run defines it
+        return
+    differ = [k for k in mine if k in saved and saved[k] != mine[k]]
+    if differ:
+        k = differ[0]
+        raise BadInput(f"{_FINGERPRINT_FLAGS.get(k, k)}: study {cfg.name!r} was made with {k}={saved[k]!r}, this run "
+                       f"has {mine[k]!r}" + (f" (also differ: {', '.join(differ[1:])})" if differ[1:] else "")
+                       + "; use another --study name, or the study's own settings")
+
+
 def _describe(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace) -> None:
     """What the results files and reports read from the study itself."""
+    mine = fingerprint(cfg, workload, space)
+    _check_fingerprint(study, cfg, mine)
+    study.set_user_attr(attrs.FINGERPRINT, mine)
     study.set_user_attr(attrs.WORKLOAD, workload.path)
     study.set_user_attr(attrs.SPACE, space.name)
     study.set_user_attr(attrs.SPACE_RESOLVED, space.resolved)

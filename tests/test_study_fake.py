@@ -356,3 +356,24 @@ def test_a_running_draft_trace_stalls_no_other_worker_and_runs_once(tmp_path, fa
     assert planned and planned[0].params is not None
     assert len(list(gate.glob("started-*"))) == 1  # one trace per baseline, however many workers reach it
     assert study.user_attrs["draft_trace"].get("argmax"), study.user_attrs["draft_trace"]
+
+
+def test_a_run_with_another_model_workload_or_load_may_not_join_the_study(tmp_path, fake_engine_env):
+    """What defines a study is fingerprinted: a run that differs is refused with one line naming the
+    flag, before it measures anything; the same settings resume, and more --trials is no difference."""
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    wl = load_workload("examples/smoke.jsonl")
+    study = run_study(cfg(tmp_path, n_trials=1), wl, space)
+    n = len(study.trials)
+    with pytest.raises(BadInput, match=r"^--model: study 'fake' was made with model='fake-model', this run has "
+                                       r"'other-model'"):
+        run_study(cfg(tmp_path, n_trials=2, settings=Settings(model="other-model")), wl, space, resume=True)
+    other = load_workload("examples/json_edit.jsonl")
+    with pytest.raises(BadInput, match=r"^WORKLOAD \(its requests\): study 'fake' was made with workload="):
+        run_study(cfg(tmp_path, n_trials=2), other, space, resume=True)
+    from autotune.load import LoadPattern
+
+    with pytest.raises(BadInput, match=r"^--load/--concurrency/--levels: .*'concurrency=4'"):
+        run_study(cfg(tmp_path, n_trials=2, load=LoadPattern(concurrency=4)), wl, space, resume=True)
+    assert len(run_study(cfg(tmp_path, n_trials=1), wl, space, resume=True).trials) == n  # refused runs added none
+    assert len(run_study(cfg(tmp_path, n_trials=2), wl, space, resume=True).trials) > n  # same settings resume
