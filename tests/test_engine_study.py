@@ -213,12 +213,17 @@ def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
     assert r.exit_code == 0, r.output
     # A deployed config that really is faster than the new pick: a new study whose space allows no
     # speculation (its pick is the baseline, 1.00x) against the deployed speculative pick.
-    assert old["best"]["speedup"]["output_tok_s"] > 1.2
+    # The premise holds on any machine: the deployed pick gained something (it was picked over the
+    # baseline), and the check's tolerance is half that gain, so a 1.00x pick has lost more than
+    # the tolerance whatever the speedup this machine measured (1.10x served here, 1.2x+ in-process).
+    gain = old["best"]["speedup"]["output_tok_s"]
+    assert gain > 1, old["best"]["speedup"]
+    tolerance = f"{(1 - 1 / gain) / 2:.4%}"
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space_nospec.yaml",
                             "--trials", "1", "--results", str(tmp_path), "--study", "nospec",
                             "--warm-start", str(study_dir), "--no-remeasure"])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["check", str(tmp_path / "nospec"), "--against", str(study_dir)])
+    r = runner.invoke(app, ["check", str(tmp_path / "nospec"), "--against", str(study_dir), "--tolerance", tolerance])
     assert r.exit_code == 1 and "REGRESSION" in r.stdout and "spans two runs" in r.stdout, r.output
 
 
