@@ -1,9 +1,8 @@
 """Confirm the pick the way users run it: serve the exported command, measure it with vLLM's own client.
 
-The study measures in-process (AsyncLLM in a worker process); users run the exported `vllm serve`
-command behind HTTP. Side by side, the served speedup came out 4-17% below the in-process claim,
-and it moves from one server instance to the next, a spread the study's interval (windows inside
-one engine instance) leaves out. So this step:
+A study measures each config on one or two engine instances (served by default, `--instrument`);
+the served figure moves from one server instance to the next by more than the windows inside one
+instance show (benchmarks/data/served_gap*.json). So this step:
 
 - serves the pick with ``serve.sh`` as written and the baseline through the same launcher
   (``confirm/baseline.sh``, built by the same ``serve_script``), in alternating rounds
@@ -11,7 +10,7 @@ one engine instance) leaves out. So this step:
 - measures each with ``vllm bench serve`` (run through ``python -m autotune.vllm_cli bench serve``,
   which also works on the CPU build) on the study's workload and load, each round's JSON kept;
 - reports the served speedup, median(pick tok/s) / median(baseline tok/s) over rounds with a 95%
-  bootstrap interval over rounds, beside the in-process claim, and writes both into best.json.
+  bootstrap interval over rounds, beside the study's claim, and writes both into best.json.
 
 Every server starts in its own session; the ready-wait tells a crash (the process exited) from a
 timeout; the whole process group is ended (SIGTERM, then SIGKILL) and checked to be gone
@@ -229,7 +228,7 @@ def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float
 
 def _served(report: dict[str, Any], st: _Setup, done: list[RoundResult], *, rounds: int, warmups: int
             ) -> dict[str, Any]:
-    """The served numbers as best.json keeps them, beside the in-process claim."""
+    """The served numbers as best.json keeps them, beside the study's claim."""
     from autotune import hardware
     from autotune.metrics import ratio_interval
 

@@ -274,6 +274,7 @@ async def _window(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], l
                   fault: dict[str, Any] | None, on_done: Callable[[int], None]) -> dict[str, Any]:
     """One measured window: a cold prefix cache, the whole workload, counters diffed around it."""
     await engine.reset_prefix_cache()  # every window (and every candidate) starts equally cold
+    await engine.reset_drafter()  # and with no suffix cache of the windows before (autotune.vllm_ext)
     before = await engine.counters()
     t0 = time.perf_counter()
     records = await _replay(engine, reqs, prompts, load, on_done, fault)
@@ -293,7 +294,11 @@ def _engine_args(cls: Any, kwargs: dict[str, Any]) -> Any:
     acceptance metrics (autotune.categories: acceptance by request category)."""
     import dataclasses
 
+    from autotune.vllm_ext import QUALNAME, needs_reset
+
     extra: dict[str, Any] = {"disable_log_stats": False}
+    if needs_reset(kwargs):  # each window starts with an empty suffix cache (autotune.vllm_ext)
+        extra["worker_extension_cls"] = QUALNAME
     fields = {f.name for f in dataclasses.fields(cls)}
     if kwargs.get("speculative_config") and "per_request_spec_decode_metrics" in fields:
         extra["per_request_spec_decode_metrics"] = "summary"
@@ -308,7 +313,10 @@ class InProcess:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from autotune.vllm_ext import needs_reset
+
         self.engine = AsyncLLM.from_engine_args(_engine_args(AsyncEngineArgs, job["engine_kwargs"]))
+        self.stateful = needs_reset(job["engine_kwargs"])
 
     def get_tokenizer(self) -> Any:
         return self.engine.get_tokenizer()
@@ -322,6 +330,13 @@ class InProcess:
 
     async def reset_prefix_cache(self) -> None:
         await self.engine.reset_prefix_cache()
+
+    async def reset_drafter(self) -> None:
+        """Empty a proposer's cross-request state (suffix decoding's cache): autotune.vllm_ext."""
+        if self.stateful:
+            from autotune.vllm_ext import RESET
+
+            await self.engine.collective_rpc(RESET)
 
     async def counters(self) -> dict[str, Any]:
         return spec_counters()

@@ -1,4 +1,4 @@
-"""The served numbers (autotune confirm): their verdict against the in-process claim, the one line
+"""The served numbers (autotune confirm): their verdict against the study's claim, the one line
 that shows them, and the comparison `autotune check` makes when both runs were served.
 Reads best.json dicts only; needs neither Optuna nor vLLM.
 """
@@ -42,7 +42,7 @@ def verdict(served: tuple[float, float | None, float | None], claimed: tuple[flo
     if abs(r - 1) <= AGREE_WITHIN:
         return AGREE
     where = "above" if r > 1 else "below"
-    return (f"the claimed {_fmt(claimed[0], *claimed[1:])} (in-process) lies {abs(r - 1):.0%} {where} the served "
+    return (f"the claimed {_fmt(claimed[0], *claimed[1:])} (the study's) lies {abs(r - 1):.0%} {where} the served "
             f"{_fmt(served[0], *served[1:])}: claimed/served {r:.2f} [{lo:.2f}-{hi:.2f}], outside "
             f"1 +- {AGREE_WITHIN:.0%}")
 
@@ -56,7 +56,7 @@ def served_line(report: dict[str, Any]) -> str | None:
     if sv.get("failure"):
         return f"served: not confirmed: {sv['failure']}"
     c = sv.get("claimed") or {}
-    claim = f"; claimed in-process {_fmt(c['speedup'], c.get('lo'), c.get('hi'))}" if _num(c.get("speedup")) else ""
+    claim = f"; claimed by the study {_fmt(c['speedup'], c.get('lo'), c.get('hi'))}" if _num(c.get("speedup")) else ""
     line = (f"served: {_fmt(sv['speedup'], sv.get('speedup_lo'), sv.get('speedup_hi'))} the baseline's output "
             f"tok/s (vllm serve + vllm bench serve, {sv['rounds']} round(s) a side, 95% interval over rounds)"
             f"{claim}")
@@ -94,8 +94,8 @@ def compare_served(new: dict[str, Any], old: dict[str, Any], *, tolerance: float
     neither has any.
 
     Both served: the throughput comparison uses the served speedups (``ratio``; `check` puts it
-    in place of the in-process one across two runs). A served speedup is compared only with
-    another served one: in-process claims run 4-17% higher. Fails (``reasons``): the new pick's
+    in place of the study's claims across two runs). A served speedup is compared only with
+    another served one: a study's claim rests on fewer server instances. Fails (``reasons``): the new pick's
     served confirmation failed (the exported command did not serve), or its served speedup
     interval lies wholly below 1 (slower than the baseline when served).
     """
@@ -113,7 +113,7 @@ def compare_served(new: dict[str, Any], old: dict[str, Any], *, tolerance: float
     if sn is not None and sn.get("failure"):
         reasons.append(f"the new pick's exported command failed when served (autotune confirm): {sn['failure']}")
     elif sn is None:
-        notes.append("the new pick was not confirmed served (autotune confirm): in-process numbers only")
+        notes.append("the new pick was not confirmed served (autotune confirm): the study's numbers only")
     n, n_lo, n_hi = vals["new"]
     if n is not None:
         hi = n if n_hi is None else n_hi
@@ -128,7 +128,7 @@ def compare_served(new: dict[str, Any], old: dict[str, Any], *, tolerance: float
         notes.append(f"output_tok_s: compared on served speedups (vllm serve + vllm bench serve): "
                      f"{_fmt(*vals['old'])} then, {_fmt(*vals['new'])} now")
     elif n is not None or o is not None:
-        notes.append("only one run has served numbers: throughput compared on in-process speedups")
+        notes.append("only one run has served numbers: throughput compared on the studies' speedups")
     return ServedComparison(new=n, new_lo=n_lo, new_hi=n_hi, old=o, old_lo=vals["old"][1], old_hi=vals["old"][2],
                             ratio=ratio, regressed=ratio is not None and ratio < 1 - tolerance,
                             reasons=reasons, notes=notes)

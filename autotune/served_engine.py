@@ -116,8 +116,11 @@ class ServedEngine:
 
     def argv(self) -> list[str]:
         """The server's command line: the exported arguments, plus where to listen."""
+        from autotune.vllm_ext import QUALNAME, needs_reset
+
+        extra = ["--worker-extension-cls", QUALNAME] if needs_reset(self.engine_kwargs) else []
         return [self.python, "-m", "autotune.vllm_cli", "serve", *serve_argv(self.engine_kwargs),
-                "--host", HOST, "--port", str(self.port)]
+                "--host", HOST, "--port", str(self.port), *extra]
 
     async def start(self) -> float:
         """Start the server, resolve its config meanwhile, wait until healthy; the seconds it took."""
@@ -180,6 +183,17 @@ class ServedEngine:
         async with self._session.post(f"{self.base_url}/reset_prefix_cache") as r:
             if r.status != 200:
                 raise RuntimeError(f"POST /reset_prefix_cache: HTTP {r.status}")
+
+    async def reset_drafter(self) -> None:
+        """Empty a proposer's cross-request state (suffix decoding's cache) through vLLM's dev
+        ``/collective_rpc`` and the worker extension the server was started with (autotune.vllm_ext)."""
+        from autotune.vllm_ext import RESET, needs_reset
+
+        if not needs_reset(self.engine_kwargs):
+            return
+        async with self._session.post(f"{self.base_url}/collective_rpc", json={"method": RESET}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"POST /collective_rpc {RESET}: HTTP {r.status}: {(await r.text())[:200]}")
 
     async def counters(self) -> dict[str, Any]:
         async with self._session.get(f"{self.base_url}/metrics") as r:

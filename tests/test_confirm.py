@@ -204,13 +204,13 @@ def test_bad_load_label_names_the_key():
 
 @pytest.mark.parametrize("served, claimed, expect", [
     # intervals that overlap are no agreement: 1.58/1.50 is 5.3% apart
-    ((1.50, 1.40, 1.55), (1.58, 1.49, 1.71), "the claimed 1.58x [1.49-1.71] (in-process) lies 5% above the served "
+    ((1.50, 1.40, 1.55), (1.58, 1.49, 1.71), "the claimed 1.58x [1.49-1.71] (the study's) lies 5% above the served "
                                               "1.50x [1.40-1.55]: claimed/served 1.05 [0.96-1.22], outside 1 +- 5%"),
-    ((1.32, 1.25, 1.40), (1.58, 1.49, 1.71), "the claimed 1.58x [1.49-1.71] (in-process) lies 20% above the served "
+    ((1.32, 1.25, 1.40), (1.58, 1.49, 1.71), "the claimed 1.58x [1.49-1.71] (the study's) lies 20% above the served "
                                               "1.32x [1.25-1.40]: claimed/served 1.20 [1.06-1.37], outside 1 +- 5%"),
-    ((2.40, 2.30, 2.50), (2.00, 1.90, 2.10), "the claimed 2.00x [1.90-2.10] (in-process) lies 17% below the served "
+    ((2.40, 2.30, 2.50), (2.00, 1.90, 2.10), "the claimed 2.00x [1.90-2.10] (the study's) lies 17% below the served "
                                               "2.40x [2.30-2.50]: claimed/served 0.83 [0.76-0.91], outside 1 +- 5%"),
-    ((1.2, None, None), (1.3, None, None), "the claimed 1.30x (in-process) lies 8% above the served 1.20x: "
+    ((1.2, None, None), (1.3, None, None), "the claimed 1.30x (the study's) lies 8% above the served 1.20x: "
                                            "claimed/served 1.08 [1.08-1.08], outside 1 +- 5%"),
     ((1.2, 1.0, 1.4), (1.25, None, None), "agree"),
     ((2.54, 2.44, 3.04), (2.50, 2.10, 2.90), "agree"),
@@ -252,7 +252,7 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     assert report["schema_version"] == 1
     assert report["best"]["served"]["speedup"] == pytest.approx(1.5)
     assert report["best"]["speedup"]["output_tok_s"] == 1.6
-    assert report["served_vs_claimed"] == ("the claimed 1.60x [1.55-1.70] (in-process) lies 7% above the served "
+    assert report["served_vs_claimed"] == ("the claimed 1.60x [1.55-1.70] (the study's) lies 7% above the served "
                                            "1.50x [1.50-1.50]: claimed/served 1.07 [1.03-1.13], outside 1 +- 5%")
     assert c.served_line(report).startswith("served: 1.50x [1.50-1.50] the baseline's output tok/s")
     md = (d / "report.md").read_text()

@@ -6,15 +6,15 @@ the baseline's. Predicted: replaying Arctic Inference's cache over the baseline'
 outputs in the same order, from an empty cache, gives vLLM's own counters for the first window
 exactly: drafts, draft tokens, accepted tokens and accepted tokens by position.
 
-The second window shows that the cache outlives a window: the tree already holds every response
-of the first, and drafts run longer. Its forecast (the same replay, twice over) is exact only up
-to what the engine saw past a request's end and the baseline never did: vLLM's runner feeds the
-tree every token a step sampled, also a bonus token after an accepted end-of-sequence draft (the
-scheduler drops it from the output), and a later draft through that end is verified against the
-target's real continuation.
+Every window starts with an empty cache (autotune.vllm_ext, through vLLM's worker extension),
+as it starts with a cold prefix cache: without that, the second window's tree would hold every
+response it is about to generate and draft them whole, and the trial would measure a speedup
+no fresh server gives. So the second window equals the same forecast too, exactly.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -45,8 +45,10 @@ def runs(tmp_path_factory):
                       settings=Settings(model=str(demo.TARGET), dtype=demo.DTYPE, max_model_len=demo.MAX_MODEL_LEN,
                                         gpu_memory_utilization=0.3))
     out = {}
-    for name, params in (("baseline", {"method": "none", "enforce_eager": True}), ("suffix", SUFFIX)):
-        got = run_trial(trial_job(Candidate(params), wl, cfg), tmp / name, timeout_s=600)
+    for name, params, instrument in (("baseline", {"method": "none", "enforce_eager": True}, "inprocess"),
+                                     ("suffix", SUFFIX, "inprocess"), ("suffix served", SUFFIX, "served")):
+        got = run_trial(trial_job(Candidate(params), wl, replace(cfg, instrument=instrument)), tmp / name,
+                        timeout_s=600)
         assert got.raw is not None, got.failure
         out[name] = got.raw
     return out
@@ -66,9 +68,10 @@ def _said(a, k):
 def test_suffix_outputs_are_the_baselines(runs):
     base = {r["id"]: r["token_ids"] for r in runs["baseline"]["windows"][0]["requests"]}
     assert len(base) == REQUESTS and all(base.values())
-    for w in runs["suffix"]["windows"]:
-        assert {r["id"]: r["token_ids"] for r in w["requests"]} == base
-    assert runs["suffix"]["speculative_config"]["method"] == "suffix"
+    for name in ("suffix", "suffix served"):
+        for w in runs[name]["windows"]:
+            assert {r["id"]: r["token_ids"] for r in w["requests"]} == base, name
+        assert runs[name]["speculative_config"]["method"] == "suffix"
 
 
 def test_forecast_equals_vllms_counters_window_by_window(runs):
@@ -79,14 +82,12 @@ def test_forecast_equals_vllms_counters_window_by_window(runs):
                  max_spec_factor=SUFFIX["suffix_decoding_max_spec_factor"],
                  min_token_prob=SUFFIX["suffix_decoding_min_token_prob"])
     first = suffix_acceptance(pairs, **knobs)
-    both = suffix_acceptance(pairs, windows=2, **knobs)
-    second = {key: b - a if key != "per_pos" else [y - x for x, y in zip(a, b)]
-              for key, a, b in ((key, _said(first, k)[key], _said(both, k)[key]) for key in _said(first, k))}
-    measured = [_counters(w) for w in runs["suffix"]["windows"]]
-    print("forecast", _said(first, k), second, "vLLM", measured)
-    assert measured[0] == _said(first, k)
     assert first.drafts > 0 and first.accepted > 0
-    assert second["accepted"] == pytest.approx(measured[1]["accepted"], rel=0.01)
-    assert second["draft_tokens"] == pytest.approx(measured[1]["draft_tokens"], rel=0.01)
-    # The cache holds the first window's responses: the second accepts more per draft.
-    assert measured[1]["accepted"] / measured[1]["drafts"] > measured[0]["accepted"] / measured[0]["drafts"]
+    for name in ("suffix", "suffix served"):  # in-process, and served: the reset over /collective_rpc
+        measured = [_counters(w) for w in runs[name]["windows"]]
+        print(name, "forecast", _said(first, k), "vLLM", measured)
+        assert measured == [_said(first, k)] * len(measured), name  # every window from an empty cache, exactly
+    # Without the reset the second window drafts from the first's responses: the same replay
+    # twice over accepts more in its second pass, which is what the reset keeps out.
+    both = suffix_acceptance(pairs, windows=2, **knobs)
+    assert both.accepted - first.accepted > first.accepted
