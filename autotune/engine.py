@@ -38,13 +38,18 @@ def vllm_version() -> str:
 
 def spec_counters() -> dict[str, Any]:
     """Current values of vLLM's speculative-decoding counters (summed over label sets)."""
-    from vllm.v1.metrics.reader import Counter, Vector, get_metrics_snapshot
+    from vllm.v1.metrics.reader import Counter, Histogram, Vector, get_metrics_snapshot
+
+    from autotune.served_engine import TIME_SUMS
 
     out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    out.update({name: 0.0 for name in TIME_SUMS})
     per_pos: list[int] = []
     for m in get_metrics_snapshot():
         if isinstance(m, Counter) and m.name in out:
             out[m.name] += m.value
+        elif isinstance(m, Histogram) and m.name in TIME_SUMS:
+            out[m.name] += m.sum
         elif isinstance(m, Vector) and m.name == PER_POS:
             per_pos = [a + b for a, b in zip(per_pos, m.values)] + list(m.values[len(per_pos):])
     out[PER_POS] = per_pos
@@ -53,6 +58,9 @@ def spec_counters() -> dict[str, Any]:
 
 def diff_counters(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
+    for k in ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds"):
+        if k in before and k in after:
+            d[k] = after[k] - before[k]
     b = before[PER_POS] + [0] * (len(after[PER_POS]) - len(before[PER_POS]))
     d[PER_POS] = [x - y for x, y in zip(after[PER_POS], b)]
     return d

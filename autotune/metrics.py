@@ -62,7 +62,18 @@ def measure(raw: Window) -> Measurement:
     for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2e_ms", e2e)):
         m.update(_summary(name, values))
     m.update(acceptance(raw.get("spec_counters") or {}))
+    m["prefill_share"] = prefill_share(raw.get("spec_counters") or {})
     return m
+
+
+def prefill_share(c: dict[str, Any]) -> float:
+    """The share of the engine's request time spent in prefill, from vLLM's own prefill and decode
+    time histograms (diffed over the window): NaN where they were not read. Unlike TTFT / E2E it
+    does not depend on how the stream reached the client (a lagging API process merges chunks)."""
+    pre, dec = c.get("vllm:request_prefill_time_seconds"), c.get("vllm:request_decode_time_seconds")
+    if pre is None or dec is None or pre + dec <= 0:
+        return float("nan")
+    return float(pre / (pre + dec))
 
 
 def acceptance(c: dict[str, Any]) -> dict[str, Any]:
@@ -181,5 +192,5 @@ def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95,
 def at_level(m: dict[str, Any], label: str) -> dict[str, Any]:
     """A run's measurement at one load level as flat ``metric@level`` keys (objective names)."""
     keys = (*DIRECTIONS, *(f"{k}_windows" for k in SPREAD), "output_tok_s_mad", "windows", "noisy", "incomplete",
-            "acceptance_rate", "mean_accepted_length")
+            "acceptance_rate", "mean_accepted_length", "prefill_share")
     return {f"{k}@{label}": m[k] for k in keys if k in m}

@@ -39,6 +39,10 @@ READY_TIMEOUT_S = 600.0
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# vLLM's engine-side time of each request's prefill and decode (histogram sums, seconds): the
+# prefill share of a window without the client's view, which merges chunks when the API process
+# falls behind (then TTFT reads as the whole request).
+TIME_SUMS = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds")
 
 
 @dataclass
@@ -59,9 +63,12 @@ def parse_counters(text: str) -> dict[str, Any]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    sums: dict[str, float] = {name: 0.0 for name in TIME_SUMS}
     per_pos: dict[int, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
+            if s.name.endswith("_sum") and s.name[: -len("_sum")] in sums:
+                sums[s.name[: -len("_sum")]] += s.value
             if not s.name.endswith("_total"):
                 continue
             name = s.name[: -len("_total")]
@@ -72,6 +79,7 @@ def parse_counters(text: str) -> dict[str, Any]:
                 per_pos[pos] = per_pos.get(pos, 0) + s.value
     out = {k: int(v) for k, v in out.items()}
     out[PER_POS] = [int(per_pos[p]) for p in sorted(per_pos)]
+    out.update(sums)
     return out
 
 

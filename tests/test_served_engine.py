@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from autotune.engine import diff_counters
+from autotune.metrics import prefill_share
 from autotune.served_engine import PER_POS, parse_counters
 
 # As vLLM 0.32's /metrics shows them (two label sets of one engine summed; positions out of order).
@@ -22,6 +25,16 @@ vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 150.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 35.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 40.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 30.0
+# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 32.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 32.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.25
+# HELP vllm:request_decode_time_seconds Histogram of time spent in DECODE phase for request.
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 32.0
+vllm:request_decode_time_seconds_count{engine="0",model_name="m"} 32.0
+vllm:request_decode_time_seconds_sum{engine="0",model_name="m"} 2.25
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 1.0
@@ -38,6 +51,15 @@ def test_counters_are_read_from_the_metrics_page_summed_and_by_position():
 def test_a_server_without_speculation_reads_zero_and_diffs_like_the_in_process_counters():
     empty = parse_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
     assert empty == {"vllm:spec_decode_num_drafts": 0, "vllm:spec_decode_num_draft_tokens": 0,
-                     "vllm:spec_decode_num_accepted_tokens": 0, PER_POS: []}
+                     "vllm:spec_decode_num_accepted_tokens": 0, PER_POS: [],
+                     "vllm:request_prefill_time_seconds": 0.0, "vllm:request_decode_time_seconds": 0.0}
     d = diff_counters(empty, parse_counters(METRICS))
     assert d["vllm:spec_decode_num_drafts"] == 42 and d[PER_POS] == [40, 35, 30]
+
+
+def test_the_prefill_share_comes_from_vllms_own_prefill_and_decode_times():
+    """Not from TTFT / E2E at the client: a lagging API process merges a request's chunks, and the
+    first token then arrives with the last (TTFT = E2E), which read as all prefill."""
+    d = diff_counters(parse_counters(""), parse_counters(METRICS))
+    assert d["vllm:request_prefill_time_seconds"] == 0.25 and prefill_share(d) == 0.1
+    assert math.isnan(prefill_share({})) and math.isnan(prefill_share(parse_counters("")))
