@@ -41,7 +41,7 @@ class StudyConfig:
     remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
     schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.schedule; the CLI: on)
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
-    # How a trial is measured (autotune.engine.INSTRUMENTS): "served", the exported `vllm serve` over
+    # How a trial is measured (autotune.cli.Instrument): "served", the exported `vllm serve` over
     # HTTP, what users get (the CLI's default); "inprocess", AsyncLLM in the worker, which skips the
     # serving cost of each request and so overstates speedups (benchmarks/served_gap.py).
     instrument: str = "inprocess"

@@ -19,9 +19,8 @@ from typing import Any
 from autotune.records import Job, RawRun
 from autotune.workload import turn_id
 
-SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens")
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+from autotune.served_engine import (PER_POS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_speculation,  # noqa: F401
+                                    token_budget)
 
 Phase = Callable[[str, dict[str, Any]], None]
 LOGPROB_TOP_K = 5  # top log-probs kept per scored token (autotune.validate's top-k KL)
@@ -40,8 +39,6 @@ def spec_counters() -> dict[str, Any]:
     """Current values of vLLM's speculative-decoding counters (summed over label sets)."""
     from vllm.v1.metrics.reader import Counter, Histogram, Vector, get_metrics_snapshot
 
-    from autotune.served_engine import TIME_SUMS
-
     out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
     out.update({name: 0.0 for name in TIME_SUMS})
     per_pos: list[int] = []
@@ -58,7 +55,7 @@ def spec_counters() -> dict[str, Any]:
 
 def diff_counters(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
-    for k in ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds"):
+    for k in TIME_SUMS:
         if k in before and k in after:
             d[k] = after[k] - before[k]
     b = before[PER_POS] + [0] * (len(after[PER_POS]) - len(before[PER_POS]))
@@ -330,11 +327,7 @@ class InProcess:
         return self.engine.get_tokenizer()
 
     def token_budget(self) -> int | None:
-        """The scheduler's tokens per step (``max_num_batched_tokens``), None where it cannot be read."""
-        try:
-            return int(self.engine.vllm_config.scheduler_config.max_num_batched_tokens)
-        except (AttributeError, TypeError, ValueError):
-            return None
+        return token_budget(getattr(self.engine, "vllm_config", None))
 
     async def reset_prefix_cache(self) -> None:
         await self.engine.reset_prefix_cache()
@@ -377,17 +370,10 @@ class InProcess:
         return [{t: (lp.logprob, lp.rank) for t, lp in (d or {}).items()} for d in final.prompt_logprobs]
 
     def speculation(self) -> dict[str, Any] | None:
-        return _speculation_ran(self.engine)
-
-    async def start(self) -> float:
-        return 0.0
+        return resolved_speculation(getattr(self.engine, "vllm_config", None))
 
     async def shutdown(self) -> None:
         self.engine.shutdown()
-
-
-INSTRUMENTS = ("served", "inprocess")  # how a trial is measured (StudyConfig.instrument)
-SERVER_LOG = "server.log"  # the served instrument's `vllm serve` output, in the trial's folder
 
 
 async def _start(job: Job) -> Any:
@@ -434,18 +420,6 @@ async def _run(job: Job, phase: Phase) -> RawRun:
     return {"engine_init_s": init_s, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
             "speculative_config": ran, "instrument": replay.get("instrument", "inprocess")}
-
-
-def _speculation_ran(engine: Any) -> dict[str, Any] | None:
-    """What vLLM resolved the speculation to (its own config, after defaults): the evidence that a
-    knob reached the engine, kept with the trial."""
-    spec = getattr(getattr(engine, "vllm_config", None), "speculative_config", None)
-    if spec is None:
-        return None
-    from autotune.candidate import SPEC_KEYS
-
-    return {k: getattr(spec, k) for k in ("method", *SPEC_KEYS)
-            if isinstance(getattr(spec, k, None), (str, int, float, list))}
 
 
 async def _windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],

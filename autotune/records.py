@@ -38,7 +38,7 @@ class Replay(TypedDict):
     warmup: int
     samples: int
     sample_tokens: int
-    instrument: NotRequired[str]  # "served" or "inprocess" (autotune.engine.INSTRUMENTS)
+    instrument: NotRequired[str]  # "served" or "inprocess" (autotune.cli.Instrument)
 
 
 class Job(TypedDict):

@@ -20,20 +20,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.export import serve_argv
+from autotune.servers import HOST, end_pgid, free_port, healthy, tail
 
-HOST = "127.0.0.1"
+SERVER_LOG = "server.log"  # the served instrument's `vllm serve` output, in the trial's folder
 SERVER_PGID = "server.pgid"  # beside the server's log: its process group, for the parent to end
 READY_TIMEOUT_S = 600.0
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -83,20 +81,24 @@ def parse_counters(text: str) -> dict[str, Any]:
     return out
 
 
-def _get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+def token_budget(vllm_config: Any) -> int | None:
+    """The scheduler's tokens per step (``max_num_batched_tokens``), None where it cannot be read."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except (OSError, urllib.error.URLError):
-        return 0, ""
+        return int(vllm_config.scheduler_config.max_num_batched_tokens)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
-def _free_port() -> int:
-    import socket
+def resolved_speculation(vllm_config: Any) -> dict[str, Any] | None:
+    """What vLLM resolved the speculation to (its own config, after defaults): the evidence that a
+    knob reached the engine, kept with the trial."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return None
+    from autotune.candidate import SPEC_KEYS
 
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return {k: getattr(spec, k) for k in ("method", *SPEC_KEYS)
+            if isinstance(getattr(spec, k, None), (str, int, float, list))}
 
 
 @dataclass
@@ -109,10 +111,9 @@ class ServedEngine:
     python: str = sys.executable
     port: int = 0
     proc: subprocess.Popen | None = None
-    config: Any = None  # vLLM's VllmConfig, as `vllm serve` builds it from the same arguments
+    vllm_config: Any = None  # as `vllm serve` builds it from the same arguments
     _tok: Any = None
     _session: Any = None
-    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -132,10 +133,10 @@ class ServedEngine:
 
     async def start(self) -> float:
         """Start the server, resolve its config meanwhile, wait until healthy; the seconds it took."""
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         t0 = time.perf_counter()
         log = open(self.log_path, "w")
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **self.extra_env}
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
         # A session of its own, as `vllm serve` runs for users and in `autotune confirm`: Linux
         # schedules sessions as groups (autogroup), and on few cores the server's own group
         # changes how its API process keeps up with the engine (benchmarks/served_gap.py). Its
@@ -143,13 +144,13 @@ class ServedEngine:
         self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
         self.log_path.with_name(SERVER_PGID).write_text(str(self.proc.pid))
-        self.config = await asyncio.to_thread(self._resolve)
-        while _get(f"{self.base_url}/health", 5.0)[0] != 200:
+        self.vllm_config = await asyncio.to_thread(self._resolve)
+        while not healthy(f"{self.base_url}/health"):
             code = self.proc.poll()
             if code is not None:
-                raise RuntimeError(f"vllm serve exited before it was ready (exit code {code}): {self._tail()}")
+                raise RuntimeError(f"vllm serve exited before it was ready (exit code {code}): {tail(self.log_path, 6)}")
             if time.perf_counter() - t0 > self.ready_timeout_s:
-                raise RuntimeError(f"vllm serve not ready after {self.ready_timeout_s:g} s: {self._tail()}")
+                raise RuntimeError(f"vllm serve not ready after {self.ready_timeout_s:g} s: {tail(self.log_path, 6)}")
             await asyncio.sleep(0.25)
         import aiohttp
 
@@ -165,14 +166,6 @@ class ServedEngine:
         return engine_args_from_serve(serve_argv(self.engine_kwargs)).create_engine_config(
             UsageContext.OPENAI_API_SERVER)
 
-    def _tail(self, n: int = 6) -> str:
-        try:
-            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
-            return ""
-        errs = [ln for ln in lines if "Error" in ln or "error:" in ln]
-        return (errs[-1] if errs else " | ".join(lines[-n:]))[-400:]
-
     def get_tokenizer(self) -> Any:
         if self._tok is None:
             from autotune.context import load_tokenizer
@@ -182,10 +175,7 @@ class ServedEngine:
         return self._tok
 
     def token_budget(self) -> int | None:
-        try:
-            return int(self.config.scheduler_config.max_num_batched_tokens)
-        except (AttributeError, TypeError, ValueError):
-            return None
+        return token_budget(self.vllm_config)
 
     async def reset_prefix_cache(self) -> None:
         async with self._session.post(f"{self.base_url}/reset_prefix_cache") as r:
@@ -238,37 +228,14 @@ class ServedEngine:
         return [{int(t): (float(v["logprob"]), v.get("rank")) for t, v in (d or {}).items()} for d in by_pos]
 
     def speculation(self) -> dict[str, Any] | None:
-        spec = getattr(self.config, "speculative_config", None)
-        if spec is None:
-            return None
-        from autotune.candidate import SPEC_KEYS
-
-        return {k: getattr(spec, k) for k in ("method", *SPEC_KEYS)
-                if isinstance(getattr(spec, k, None), (str, int, float, list))}
+        return resolved_speculation(self.vllm_config)
 
     async def shutdown(self) -> None:
         """End the server's process group: SIGTERM (vLLM stops its engine core), SIGKILL after 30 s."""
         if self._session is not None:
             await self._session.close()
         if self.proc is not None:
-            await asyncio.to_thread(end_server_group, self.proc.pid, self.proc)
+            await asyncio.to_thread(end_pgid, self.proc.pid, proc=self.proc)
             # ended: the parent must not signal that group id again (it could be reused)
             self.log_path.with_name(SERVER_PGID).unlink(missing_ok=True)
 
-
-def end_server_group(pgid: int, proc: subprocess.Popen | None = None, grace_s: float = 30.0) -> None:
-    """End process group ``pgid`` (a served trial's server): SIGTERM, wait, SIGKILL what is left."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if proc is not None:
-                proc.poll()  # reap the leader, or the group never empties
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)

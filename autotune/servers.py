@@ -53,28 +53,38 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def end_pgid(pgid: int, *, proc: subprocess.Popen | None = None, grace_s: float = STOP_GRACE_S) -> bool:
+    """End process group ``pgid`` (SIGTERM, then SIGKILL); True once nothing of it is left.
+
+    ``proc``: its leader, when this process started it (reaped here, or the group never empties).
+    """
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc is not None:
+                proc.poll()
+            if (proc is None or proc.returncode is not None) and not group_alive(pgid):
+                return True
+            time.sleep(0.1)
+    if proc is not None:
+        proc.poll()
+    return not group_alive(pgid)
+
+
 def end_group(proc: subprocess.Popen, *, grace_s: float = STOP_GRACE_S) -> None:
     """End ``proc``'s whole process group (SIGTERM, then SIGKILL) and check that nothing is left.
 
     Raises ServeFailed if a process of the group outlives SIGKILL.
     """
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            proc.poll()  # reap the leader, or the group never empties
-            if proc.returncode is not None and not group_alive(proc.pid):
-                return
-            time.sleep(0.1)
-    proc.poll()
-    if group_alive(proc.pid):
+    if not end_pgid(proc.pid, proc=proc, grace_s=grace_s):
         raise ServeFailed(f"process group {proc.pid} still has processes after SIGKILL")
 
 
-def _tail(path: Path, n: int = 8) -> str:
+def tail(path: Path, n: int = 8) -> str:
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
@@ -83,7 +93,7 @@ def _tail(path: Path, n: int = 8) -> str:
     return (errors[-1] if errors else " | ".join(lines[-n:]))[-400:]
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             return r.status == 200
@@ -113,14 +123,14 @@ def serving(argv: list[str], *, port: int, log_path: Path, env: dict[str, str] |
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, **(env or {})})
         try:
-            while not _healthy(f"{base}/health"):
+            while not healthy(f"{base}/health"):
                 code = proc.poll()
                 if code is not None:
                     how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-                    raise ServeFailed(f"{what} exited before it was ready ({how}; log {log_path}): {_tail(log_path)}")
+                    raise ServeFailed(f"{what} exited before it was ready ({how}; log {log_path}): {tail(log_path)}")
                 if time.monotonic() - t0 > ready_timeout_s:
                     raise ServeFailed(f"{what} not ready after {ready_timeout_s:g} s (ended; log {log_path}): "
-                                      f"{_tail(log_path)}")
+                                      f"{tail(log_path)}")
                 time.sleep(0.5)
             yield Server(base_url=base, pid=proc.pid, ready_s=time.monotonic() - t0)
         finally:  # also on Ctrl-C or a failed bench: never leave a server behind
@@ -140,4 +150,4 @@ def run_client(argv: list[str], *, log_path: Path, timeout_s: float = BENCH_TIME
         finally:
             end_group(proc, grace_s=5.0)
     if code != 0:
-        raise ServeFailed(f"vllm bench serve failed (exit code {code}; log {log_path}): {_tail(log_path)}")
+        raise ServeFailed(f"vllm bench serve failed (exit code {code}; log {log_path}): {tail(log_path)}")

@@ -51,9 +51,11 @@ KNOWN_FAULTS = {
 
 def explain(log_path: str | Path | None) -> str:
     """``"; cause: ..."`` for a known vLLM fault in a worker's log, else ``""``."""
+    from autotune.served_engine import SERVER_LOG
+
     text = ""
     if log_path:  # the worker's log, and a served trial's server log beside it
-        for p in (Path(log_path), Path(log_path).with_name("server.log")):
+        for p in (Path(log_path), Path(log_path).with_name(SERVER_LOG)):
             try:
                 text += p.read_text(errors="replace")
             except OSError:
@@ -101,7 +103,9 @@ def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | 
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     events_path, log_path = workdir / "events.jsonl", workdir / WORKER_LOG
-    for p in (result_path, events_path, workdir / "server.pgid"):
+    from autotune.served_engine import SERVER_PGID
+
+    for p in (result_path, events_path, workdir / SERVER_PGID):
         p.unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))
     t0 = time.monotonic()
@@ -139,14 +143,15 @@ def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | 
 def _end_server(workdir: Path) -> None:
     """A served trial's `vllm serve` runs in a session of its own (autotune.served_engine): end its
     group too, whether the worker ended it or was ended before it could."""
-    pgid_file = workdir / "server.pgid"
+    from autotune.served_engine import SERVER_PGID
+    from autotune.servers import end_pgid
+
+    pgid_file = workdir / SERVER_PGID
     try:
         pgid = int(pgid_file.read_text())
     except (OSError, ValueError):
         return
-    from autotune.served_engine import end_server_group
-
-    end_server_group(pgid, grace_s=10.0)
+    end_pgid(pgid, grace_s=10.0)
     pgid_file.unlink(missing_ok=True)
 
 

@@ -70,13 +70,18 @@ def _inproc(cand: Candidate, wl: Any, cfg: StudyConfig, workdir: Path, env: dict
                                                                              for r in out.raw["windows"][0]["requests"])}
 
 
-def _served(cand: Candidate, settings: Settings, wl: Any, workdir: Path, windows: int) -> dict[str, Any]:
-    """The exported command served, measured by ``vllm bench serve`` ``windows`` times on one server."""
+def _exported(cand: Candidate, settings: Settings, wl: Any, workdir: Path) -> tuple[dict[str, Any], Path, Any]:
+    """The candidate's engine kwargs, its exported serve.sh, and the client's plan at concurrency 1."""
     workdir.mkdir(parents=True, exist_ok=True)
     kw = cand.engine_kwargs(settings)
     script = workdir / "serve.sh"
     script.write_text(serve_script(kw, platform=hardware.detect(), python=sys.executable))
-    plan = client_plan(list(wl.requests), load="concurrency=1", render=None, warmups=2)
+    return kw, script, client_plan(list(wl.requests), load="concurrency=1", render=None, warmups=2)
+
+
+def _served(cand: Candidate, settings: Settings, wl: Any, workdir: Path, windows: int) -> dict[str, Any]:
+    """The exported command served, measured by ``vllm bench serve`` ``windows`` times on one server."""
+    kw, script, plan = _exported(cand, settings, wl, workdir)
     dataset = workdir / "workload.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in plan.rows))
     client = [sys.executable, "-m", "autotune.vllm_cli", "bench", "serve", "--model", kw["model"],
@@ -130,11 +135,7 @@ async def _own_window(base_url: str, model: str, rows: list[dict[str, Any]], tem
 def _served_own(cand: Candidate, settings: Settings, wl: Any, workdir: Path, windows: int) -> dict[str, Any]:
     import asyncio
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    kw = cand.engine_kwargs(settings)
-    script = workdir / "serve.sh"
-    script.write_text(serve_script(kw, platform=hardware.detect(), python=sys.executable))
-    plan = client_plan(list(wl.requests), load="concurrency=1", render=None, warmups=2)
+    kw, script, plan = _exported(cand, settings, wl, workdir)
     port = free_port()
     with serving(["bash", str(script), "--host", HOST, "--port", str(port)], port=port,
                  log_path=workdir / "server.log", what="server") as server:

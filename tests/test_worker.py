@@ -60,13 +60,19 @@ def _group_gone(pgid, timeout_s):
     return False
 
 
-def test_worker_timeout_ends_the_whole_process_group(tmp_path, monkeypatch):
-    (tmp_path / "hang_with_a_child.py").write_text(HANG_WITH_A_CHILD)
+def _hang(tmp_path, monkeypatch, name, source):
+    """Run a worker whose job is ``source`` (module ``name``) into a 5 s timeout; the outcome and the
+    file where the job wrote its pids."""
+    (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     pids = tmp_path / "pids"
     job = {"engine_kwargs": {"model": "m"}, "requests": [], "replay": {"load": {"kind": "batch"}},
-           "engine_module": "hang_with_a_child", "pids": str(pids)}
-    out = run_trial(job, tmp_path / "t", timeout_s=5, python=sys.executable)
+           "engine_module": name, "pids": str(pids)}
+    return run_trial(job, tmp_path / "t", timeout_s=5, python=sys.executable), pids
+
+
+def test_worker_timeout_ends_the_whole_process_group(tmp_path, monkeypatch):
+    out, pids = _hang(tmp_path, monkeypatch, "hang_with_a_child", HANG_WITH_A_CHILD)
     try:
         assert out.raw is None and out.failure.startswith("timeout") and 5 <= out.wall_s < 30
         child, group = map(int, pids.read_text().split())
@@ -97,12 +103,7 @@ def run_job(job, phase):
 
 
 def test_worker_timeout_ends_a_served_trials_server_in_its_own_session(tmp_path, monkeypatch):
-    (tmp_path / "hang_with_a_server.py").write_text(HANG_WITH_A_SERVER)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    pids = tmp_path / "pids"
-    job = {"engine_kwargs": {"model": "m"}, "requests": [], "replay": {"load": {"kind": "batch"}},
-           "engine_module": "hang_with_a_server", "pids": str(pids)}
-    out = run_trial(job, tmp_path / "t", timeout_s=5, python=sys.executable)
+    out, pids = _hang(tmp_path, monkeypatch, "hang_with_a_server", HANG_WITH_A_SERVER)
     server = int(pids.read_text())
     try:
         assert out.failure.startswith("timeout") and server != out.pid  # a group apart from the worker's
