@@ -172,7 +172,8 @@ def suffix_acceptance(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, k
     with none is no draft in vLLM's counters (nothing to verify). The last step's tokens are added
     too (the proposer runs after it), so the next requests see the whole response.
     ``warmup`` pairs first (uncounted) and ``windows`` passes over all pairs mirror an engine that
-    serves them all with one cache, as a trial's warm-up and repeated windows do.
+    serves them all with one cache; a trial does not (each window starts with an empty cache,
+    autotune.vllm_ext), so the study forecasts with the defaults, one pass from an empty cache.
     """
     from arctic_inference.suffix_decoding import SuffixDecodingCache  # optional: only where suffix runs
 
