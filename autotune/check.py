@@ -7,7 +7,13 @@ side by side in one run hold to a few percent. So the gate compares what one run
 - otherwise: each pick's speedup over its own run's baseline, and the summary says that the
   comparison spans two runs.
 The deployed config's drift (its speedup then and now) is reported beside, never judged on the old
-run's absolute numbers. Reads two saved StudyReports (best.json); needs neither Optuna nor vLLM.
+run's absolute numbers.
+
+Each objective is decided on its interval, not its point ratio (``decide``): a regression only when
+the whole interval lies below 1 - tolerance, no regression when it lies wholly at or above, and
+"cannot tell" when it straddles the line (its own exit code: more rounds or pairs are needed, and a
+nightly job should neither deploy nor page on it). Reads two saved StudyReports (best.json); needs
+neither Optuna nor vLLM.
 """
 
 from __future__ import annotations
@@ -24,6 +30,22 @@ from autotune.served import compare_served
 SAME_RUN = "same run"
 TWO_RUNS = "two runs"
 
+# An objective's decision, and the check's status (the worst of its objectives, correctness first).
+OK, REGRESSED, UNDECIDED = "ok", "regressed", "cannot tell"
+REGRESSION = "regression"
+
+
+def decide(ratio: float, lo: float | None, hi: float | None, tolerance: float) -> str:
+    """One objective's ratio (> 1 better) against the line 1 - tolerance, on its interval where
+    there is one: REGRESSED when the interval lies wholly below the line, OK when wholly at or above,
+    UNDECIDED when it straddles. Without an interval the point decides (and the caller says so)."""
+    line = 1 - tolerance
+    if lo is None or hi is None:
+        return REGRESSED if ratio < line else OK
+    if hi < line:
+        return REGRESSED
+    return OK if lo >= line else UNDECIDED
+
 
 @dataclass(frozen=True)
 class ObjectiveChange:
@@ -34,9 +56,13 @@ class ObjectiveChange:
     deployed: float  # same run: the deployed config's value now; two runs: its speedup then
     new: float  # same run: the new pick's value; two runs: its speedup now
     ratio: float
-    lo: float | None  # 95% bootstrap interval of the ratio over windows (same run only)
+    lo: float | None  # 95% interval of the ratio (same run: bootstrap over windows; two runs: from both speedups')
     hi: float | None
-    regressed: bool
+    decision: str  # OK, REGRESSED or UNDECIDED (``decide``)
+
+    @property
+    def regressed(self) -> bool:
+        return self.decision == REGRESSED
 
 
 @dataclass(frozen=True)
@@ -54,8 +80,8 @@ class Drift:
 
 @dataclass(frozen=True)
 class CheckResult:
-    ok: bool
-    reasons: list[str]
+    status: str  # OK, REGRESSION or UNDECIDED; each has its own exit code
+    reasons: list[str]  # why it is a regression (empty unless status is REGRESSION)
     objectives: list[ObjectiveChange]
     new_label: str | None
     old_label: str | None
@@ -64,9 +90,18 @@ class CheckResult:
     drift: Drift | None = None
     notes: list[str] = field(default_factory=list)
     changed_context: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    undecided: list[str] = field(default_factory=list)  # why it cannot tell (status UNDECIDED)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["ok"] = self.ok
+        for c, o in zip(d["objectives"], self.objectives):
+            c["regressed"] = o.regressed
+        return d
 
 
 def parse_tolerance(text: str) -> float:
@@ -107,7 +142,8 @@ def _same_run(name: str, dirn: str, pick: dict[str, Any], dep: dict[str, Any], t
     r = _oriented(n, d, dirn)
     nw, dw = pick.get(windows_key(name)) or [], dep.get(windows_key(name)) or []
     lo, hi = ratio_interval(nw, dw) if dirn == "maximize" else ratio_interval(dw, nw)
-    return ObjectiveChange(name, dirn, d, n, r, _nan_none(lo), _nan_none(hi), r < 1 - tol)
+    lo, hi = _nan_none(lo), _nan_none(hi)
+    return ObjectiveChange(name, dirn, d, n, r, lo, hi, decide(r, lo, hi, tol))
 
 
 def _speedup_of(entry: dict[str, Any], base: dict[str, Any] | None, name: str, dirn: str) -> float:
@@ -115,13 +151,27 @@ def _speedup_of(entry: dict[str, Any], base: dict[str, Any] | None, name: str, d
     return _oriented(m, b, dirn) if _finite(m, b) and m > 0 and b > 0 else float("nan")
 
 
+def quotient_interval(new: tuple[float | None, float | None], old: tuple[float | None, float | None]
+                      ) -> tuple[float | None, float | None]:
+    """The widest new/old the two intervals allow (None where either side has none)."""
+    (n_lo, n_hi), (o_lo, o_hi) = new, old
+    if not _finite(n_lo, n_hi, o_lo, o_hi) or o_lo <= 0 or o_hi <= 0:
+        return None, None
+    return n_lo / o_hi, n_hi / o_lo
+
+
 def _two_runs(name: str, dirn: str, new: dict[str, Any], old: dict[str, Any], tol: float) -> ObjectiveChange | None:
     n = _speedup_of(new["best"], new.get("baseline"), name, dirn)
     o = _speedup_of(old["best"], old.get("baseline"), name, dirn)
     if not _finite(n, o):
         return None
+    lo = hi = None
+    if name == "output_tok_s":  # the one objective whose speedup carries an interval in best.json
+        sn, so = new["best"].get("speedup") or {}, old["best"].get("speedup") or {}
+        lo, hi = quotient_interval((sn.get("output_tok_s_lo"), sn.get("output_tok_s_hi")),
+                                   (so.get("output_tok_s_lo"), so.get("output_tok_s_hi")))
     r = n / o
-    return ObjectiveChange(name, dirn, o, n, r, None, None, r < 1 - tol)
+    return ObjectiveChange(name, dirn, o, n, r, lo, hi, decide(r, lo, hi, tol))
 
 
 def _drift(old_best: dict[str, Any], deployed: dict[str, Any], tol: float) -> Drift | None:
@@ -138,13 +188,22 @@ def _interval(lo: float | None, hi: float | None) -> str:
     return f" [{lo:.2f}-{hi:.2f}]" if lo is not None and hi is not None else ""
 
 
+def _undecided(c: ObjectiveChange, basis: str, tolerance: float) -> str:
+    what = "the deployed config measured in the same run" if basis == SAME_RUN else "the deployed config's speedup " \
+        "in the old run"
+    return (f"{c.name}: cannot tell: the new pick over {what} is {c.ratio:.3f}{_interval(c.lo, c.hi)}, an interval "
+            f"across the line {1 - tolerance:.2f} (the {tolerance:.0%} tolerance); measure more rounds to decide")
+
+
 def _reason(c: ObjectiveChange, basis: str, tolerance: float) -> str:
     if basis == SAME_RUN:
         return (f"{c.name}: the new pick is {1 - c.ratio:.1%} worse than the deployed config measured in the same "
                 f"run ({c.deployed:.4g} -> {c.new:.4g}, ratio {c.ratio:.3f}{_interval(c.lo, c.hi)}), "
-                f"beyond the {tolerance:.0%} tolerance")
+                f"beyond the {tolerance:.0%} tolerance" + ("" if c.lo is not None else " (no interval: the point "
+                                                          "decided)"))
     return (f"{c.name}: the new pick's speedup over its baseline is {1 - c.ratio:.1%} below the deployed config's "
-            f"in the old run ({c.deployed:.2f}x -> {c.new:.2f}x), beyond the {tolerance:.0%} tolerance")
+            f"in the old run ({c.deployed:.2f}x -> {c.new:.2f}x, ratio {c.ratio:.3f}{_interval(c.lo, c.hi)}), beyond "
+            f"the {tolerance:.0%} tolerance" + ("" if c.lo is not None else " (no interval: the point decided)"))
 
 
 def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> CheckResult:
@@ -172,8 +231,9 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
         notes.append("the deployed config was not re-measured in this run (no --warm-start, or outside the space): "
                      "the comparison spans two runs, on each pick's speedup over its own run's baseline")
     changes: list[ObjectiveChange] = []
+    undecided: list[str] = []
     drift = None
-    served = compare_served(new, old, tolerance=tolerance)  # None: neither run was confirmed served
+    served = compare_served(new, old)  # None: neither run was confirmed served
     if nb is not None:
         for name in new.get("objectives") or old.get("objectives") or []:
             dirn = direction(name)
@@ -181,7 +241,8 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
                 continue
             if basis == TWO_RUNS and name == "output_tok_s" and served is not None and served.ratio is not None:
                 # Both picks were served (autotune confirm): their served speedups, not the in-process claims.
-                c = ObjectiveChange(name, dirn, served.old, served.new, served.ratio, None, None, served.regressed)
+                c = ObjectiveChange(name, dirn, served.old, served.new, served.ratio, served.ratio_lo,
+                                    served.ratio_hi, decide(served.ratio, served.ratio_lo, served.ratio_hi, tolerance))
             else:
                 c = (_same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance) if dep is not None
                      else _two_runs(name, dirn, new, old, tolerance))
@@ -191,6 +252,8 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
             changes.append(c)
             if c.regressed:
                 reasons.append(_reason(c, basis, tolerance))
+            elif c.decision == UNDECIDED:
+                undecided.append(_undecided(c, basis, tolerance))
     if dep is not None:
         drift = _drift(ob, dep, tolerance)
         if drift is not None and drift.lost_gain:
@@ -202,14 +265,32 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
         notes += served.notes
     ctx_new, ctx_old = _context(new), _context(old)
     changed = {k: (ctx_old[k], ctx_new[k]) for k in ctx_new if ctx_new[k] != ctx_old[k]}
-    return CheckResult(ok=not reasons, reasons=reasons, objectives=changes,
+    if dep is not None and (reasons or undecided) and nb is not None:
+        notes += _holds_all(new, dep, tolerance)
+    status = REGRESSION if reasons else UNDECIDED if undecided else OK
+    return CheckResult(status=status, reasons=reasons, objectives=changes,
                        new_label=nb["label"] if nb else None, old_label=ob["label"], tolerance=tolerance,
-                       basis=basis, drift=drift, notes=notes, changed_context=changed)
+                       basis=basis, drift=drift, notes=notes, changed_context=changed, undecided=undecided)
+
+
+def _holds_all(new: dict[str, Any], dep: dict[str, Any], tolerance: float) -> list[str]:
+    """The pick is chosen on the first objective; with several, a config of the new Pareto front may
+    hold every objective against the deployed config where the pick does not. Name it (judged by
+    the same rule, every objective OK), so the operator can deploy it instead."""
+    names = [n for n in new.get("objectives") or [] if direction(n) is not None]
+    for e in new.get("pareto") or []:
+        if e.get("label") == (new.get("best") or {}).get("label") or not (e.get("verdict") or {}).get("passed"):
+            continue
+        changes = [_same_run(n, direction(n), e["measurement"], dep["measurement"], tolerance) for n in names]
+        if changes and all(c is not None and c.decision == OK for c in changes):
+            return [f"{e['label']} (trial {e.get('trial')}, on the new Pareto front) holds every objective against "
+                    f"the deployed config within the {tolerance:.0%} tolerance, where the pick does not"]
+    return []
 
 
 def markdown(r: CheckResult) -> str:
     """A short Markdown summary (for $GITHUB_STEP_SUMMARY)."""
-    head = "## autotune check: " + ("no regression" if r.ok else "REGRESSION")
+    head = "## autotune check: " + {OK: "no regression", REGRESSION: "REGRESSION", UNDECIDED: "CANNOT TELL"}[r.status]
     how = ("the new pick against the deployed config, both measured in the new run" if r.basis == SAME_RUN else
            "each pick's speedup over its own run's baseline; **the comparison spans two runs**")
     lines = [head, "", f"Deployed: `{r.old_label}`; new pick: `{r.new_label}`; tolerance {r.tolerance:.0%}.",
@@ -219,13 +300,14 @@ def markdown(r: CheckResult) -> str:
         lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better) |", "|---|---|---|---|"]
         for c in r.objectives:
             lines.append(f"| {c.name} ({c.direction}) | {c.deployed:.4g} | {c.new:.4g} | "
-                         f"{c.ratio:.3f}{_interval(c.lo, c.hi)}{' **worse**' if c.regressed else ''} |")
+                         f"{c.ratio:.3f}{_interval(c.lo, c.hi)}"
+                         f"{' **worse**' if c.regressed else ' **cannot tell**' if c.decision == UNDECIDED else ''} |")
         lines.append("")
     if r.drift is not None:
         d = r.drift
         lines += [f"Deployed config's speedup over its run's baseline: {d.then:.2f}x{_interval(d.then_lo, d.then_hi)} "
                   f"then, {d.now:.2f}x{_interval(d.now_lo, d.now_hi)} now.", ""]
-    lines += [f"- {x}" for x in r.reasons]
+    lines += [f"- {x}" for x in r.reasons + r.undecided]
     lines += [f"- note: {x}" for x in r.notes]
     for k, (o, n) in r.changed_context.items():
         lines.append(f"- note: {k} changed: `{o}` -> `{n}`")

@@ -462,7 +462,8 @@ def check(
     tolerance: Annotated[str, typer.Option(help="Allowed worsening of each objective, e.g. 5% or 0.05.")] = "5%",
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of Markdown.")] = False,
 ) -> None:
-    """Exit 1 if the new pick is worse than the deployed one beyond the tolerance, or incorrect.
+    """Exit 1 if the new pick is worse than the deployed one beyond the tolerance, or incorrect; exit 4
+    if it cannot tell (an interval across the tolerance line: measure more rounds).
 
     The Markdown summary is also appended to $GITHUB_STEP_SUMMARY when that is set.
     """
@@ -475,7 +476,9 @@ def check(
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
             f.write(summary)
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if json_out else summary)
-    raise typer.Exit(errors.OK if result.ok else errors.FAILED)
+    from autotune.check import REGRESSION, UNDECIDED
+
+    raise typer.Exit({REGRESSION: errors.FAILED, UNDECIDED: errors.UNDECIDED}.get(result.status, errors.OK))
 
 
 @app.command(epilog="Examples:\n\n  autotune report results/json_edit\n\n"

@@ -8,6 +8,8 @@ OK = 0
 FAILED = 1  # check: a regression; search/confirm: no result (the baseline failed, nothing feasible)
 BAD_INPUT = 2
 INTERNAL = 3  # an exception no module meant for the user: a bug
+UNDECIDED = 4  # check: the interval straddles the tolerance band; more pairs are needed to tell
+DRIFT = 5  # watch: live traffic has left what the study measured for the deployed config
 INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_CODES = {
     OK: "done (check: no regression)",
@@ -15,6 +17,8 @@ EXIT_CODES = {
             "confirm: a server or the client failed)",
     BAD_INPUT: "bad input (workload, space, flags, results): one line naming the file, line or key",
     INTERNAL: "an internal error (a bug): one line saying where, --verbose for the traceback",
+    UNDECIDED: "cannot tell (check): the new/deployed interval straddles the tolerance; rerun with more rounds",
+    DRIFT: "drift (watch): live acceptance or load left the study's interval for the deployed config",
     INTERRUPTED: "interrupted (Ctrl-C): the running trial is recorded as interrupted; --resume continues",
 }
 

@@ -79,7 +79,8 @@ class ServedComparison:
     old_lo: float | None
     old_hi: float | None
     ratio: float | None  # new / old, > 1 better; None unless both were served
-    regressed: bool  # the ratio lies below 1 - tolerance
+    ratio_lo: float | None  # the widest new / old the two served intervals allow
+    ratio_hi: float | None
     reasons: list[str]  # beyond the ratio: each makes `check` fail
     notes: list[str]
 
@@ -89,7 +90,7 @@ def _served_of(report: dict[str, Any]) -> dict[str, Any] | None:
     return sv if isinstance(sv, dict) else None
 
 
-def compare_served(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> ServedComparison | None:
+def compare_served(new: dict[str, Any], old: dict[str, Any]) -> ServedComparison | None:
     """``check``'s view of the served numbers in two StudyReports (best.json dicts); None when
     neither has any.
 
@@ -122,13 +123,15 @@ def compare_served(new: dict[str, Any], old: dict[str, Any], *, tolerance: float
                            "(vllm serve + vllm bench serve)")
         if new.get("served_vs_claimed") not in (None, AGREE):
             notes.append(new["served_vs_claimed"])
-    o = vals["old"][0]
+    o, o_lo, o_hi = vals["old"]
     ratio = n / o if n is not None and o is not None and o > 0 else None
+    r_lo = r_hi = None
+    if ratio is not None and None not in (n_lo, n_hi, o_lo, o_hi) and o_lo > 0:
+        r_lo, r_hi = n_lo / o_hi, n_hi / o_lo
     if ratio is not None:
         notes.append(f"output_tok_s: compared on served speedups (vllm serve + vllm bench serve): "
                      f"{_fmt(*vals['old'])} then, {_fmt(*vals['new'])} now")
     elif n is not None or o is not None:
         notes.append("only one run has served numbers: throughput compared on the studies' speedups")
     return ServedComparison(new=n, new_lo=n_lo, new_hi=n_hi, old=o, old_lo=vals["old"][1], old_hi=vals["old"][2],
-                            ratio=ratio, regressed=ratio is not None and ratio < 1 - tolerance,
-                            reasons=reasons, notes=notes)
+                            ratio=ratio, ratio_lo=r_lo, ratio_hi=r_hi, reasons=reasons, notes=notes)

@@ -3,7 +3,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from autotune.check import SAME_RUN, TWO_RUNS, compare, parse_tolerance
+from autotune.check import OK, REGRESSED, REGRESSION, SAME_RUN, TWO_RUNS, UNDECIDED, compare, decide, parse_tolerance
 from autotune.cli import app
 from autotune.errors import BadInput
 
@@ -92,7 +92,7 @@ def test_without_a_re_measurement_speedups_are_compared_across_two_runs():
     r = compare(report(entry(100, 200, label="none", method="none"), base=(100, 200)), old, tolerance=0.05)
     assert not r.ok and r.reasons[0].startswith(
         "output_tok_s: the new pick's speedup over its baseline is 44.4% below the deployed config's in the old run "
-        "(1.80x -> 1.00x)")
+        "(1.80x -> 1.00x, ratio 0.556 [0.53-0.58])")
 
 
 def test_incorrect_or_missing_pick_fails_and_a_failed_deployed_config_falls_back():
@@ -104,7 +104,7 @@ def test_incorrect_or_missing_pick_fails_and_a_failed_deployed_config_falls_back
     failed = {"trial": 1, "label": "ngram k=3", "candidate": {"method": "ngram"}, "failure": "RuntimeError: boom"}
     r = compare(report(entry(100, 100), deployed=failed), old, tolerance=0.05)
     assert r.basis == TWO_RUNS and "the deployed config failed in this run: RuntimeError: boom" in r.notes
-    r = compare(report(entry(97, 102), vllm="0.33.0"), old, tolerance=0.05)
+    r = compare(report(entry(100, 100), vllm="0.33.0"), old, tolerance=0.05)
     assert r.ok and r.changed_context == {"vllm_version": ("0.32.0", "0.33.0")}
 
 
@@ -179,10 +179,75 @@ def test_across_two_runs_served_speedups_replace_the_in_process_claims():
     on the served speedups: in-process claims run 4-17% above what a served config delivers."""
     old, new = report(entry(180, 110)), report(entry(150, 110))  # in-process tok/s: 1.80x then, 1.50x now
     old["objectives"] = new["objectives"] = ["output_tok_s"]  # served numbers are at the study's own load
-    old["best"]["served"] = {"speedup": 1.50, "speedup_lo": 1.45, "speedup_hi": 1.55}
-    new["best"]["served"] = {"speedup": 1.48, "speedup_lo": 1.44, "speedup_hi": 1.52}
+    old["best"]["served"] = {"speedup": 1.50, "speedup_lo": 1.48, "speedup_hi": 1.52}
+    new["best"]["served"] = {"speedup": 1.48, "speedup_lo": 1.46, "speedup_hi": 1.50}
     r = compare(new, old, tolerance=0.05)
     assert r.ok and r.basis == TWO_RUNS and r.objectives[0].ratio == pytest.approx(1.48 / 1.50)
+    assert (r.objectives[0].lo, r.objectives[0].hi) == (pytest.approx(1.46 / 1.52), pytest.approx(1.50 / 1.48))
+    # Wider served intervals, same points: the ratio's interval straddles 0.95, so the gate cannot tell.
+    new["best"]["served"] = {"speedup": 1.48, "speedup_lo": 1.40, "speedup_hi": 1.56}
+    r = compare(new, old, tolerance=0.05)
+    assert r.status == UNDECIDED and r.reasons == [] and r.undecided[0].startswith("output_tok_s: cannot tell")
     new["best"]["served"] = {"failure": "the pick server exited before it was ready"}
     r = compare(new, old, tolerance=0.05)
     assert not r.ok and any("failed when served" in x for x in r.reasons)
+
+
+@pytest.mark.parametrize("ratio, lo, hi, decision", [
+    (0.90, 0.85, 0.94, REGRESSED),   # the whole interval below 0.95
+    (0.93, 0.90, 0.97, UNDECIDED),   # the point is below the line, the interval is not: cannot tell
+    (0.97, 0.93, 1.01, UNDECIDED),   # the point is above the line, the interval is not: cannot tell either
+    (0.97, 0.95, 0.99, OK),          # at or above the line throughout
+    (0.93, None, None, REGRESSED),   # no interval: the point decides
+    (0.97, None, None, OK),
+])
+def test_the_gate_decides_on_the_interval_not_the_point(ratio, lo, hi, decision):
+    assert decide(ratio, lo, hi, 0.05) == decision
+
+
+def test_a_straddling_interval_is_cannot_tell_with_its_own_exit_code(tmp_path):
+    """The point ratio 0.96 used to pass and 0.94 to fail, whatever the windows' spread: both are
+    'cannot tell' when the interval crosses 0.95, and exit 4, so nightly CI neither deploys nor pages."""
+    old = report(entry(100, 100))
+
+    def report1(*a, **k):  # throughput alone
+        rep = report(*a, **k)
+        rep["objectives"] = ["output_tok_s"]
+        return rep
+
+    for tok_s in (96, 94):
+        new = report1(entry(tok_s, 100, spread=0.05), deployed=entry(100, 100, spread=0.05))
+        r = compare(new, old, tolerance=0.05)
+        assert r.status == UNDECIDED and not r.ok and r.reasons == [], tok_s
+        assert r.objectives[0].lo < 0.95 < r.objectives[0].hi
+        assert r.undecided[0].startswith(f"output_tok_s: cannot tell: the new pick over the deployed config measured in "
+                                         f"the same run is {tok_s / 100:.3f} [")
+    # Tight windows: 0.94 is a regression, 0.96 is not.
+    assert compare(report1(entry(94, 100, spread=0.001), deployed=entry(100, 100, spread=0.001)), old,
+                   tolerance=0.05).status == REGRESSION
+    assert compare(report1(entry(96, 100, spread=0.001), deployed=entry(100, 100, spread=0.001)), old,
+                   tolerance=0.05).status == OK
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    (tmp_path / "old" / "best.json").write_text(json.dumps(old))
+    (tmp_path / "new" / "best.json").write_text(json.dumps(report1(entry(96, 100, spread=0.05),
+                                                                  deployed=entry(100, 100, spread=0.05))))
+    r = runner.invoke(app, ["check", str(tmp_path / "new"), "--against", str(tmp_path / "old")])
+    assert r.exit_code == 4 and r.stdout.startswith("## autotune check: CANNOT TELL")
+    assert "**cannot tell**" in r.stdout
+
+
+def test_a_pareto_config_that_holds_every_objective_is_named():
+    """The pick is chosen on the first objective; when it loses on another, a Pareto config that
+    holds all of them against the deployed config is named beside the verdict."""
+    new = report(entry(150, 160, spread=0.001), deployed=entry(140, 130, spread=0.001))
+    other = entry(145, 128, label="ngram k=2", spread=0.001)
+    other["trial"] = 7
+    new["pareto"] = [new["best"], other]
+    r = compare(new, report(entry(140, 130)), tolerance=0.05)
+    assert r.status == REGRESSION and [c.name for c in r.objectives if c.regressed] == ["e2e_ms_p50"]
+    assert any(n.startswith("ngram k=2 (trial 7, on the new Pareto front) holds every objective") for n in r.notes)
+    other["measurement"]["e2e_ms_p50"] = 160  # now it loses e2e too: nothing is named
+    other["measurement"]["e2e_ms_p50_windows"] = [160, 160]
+    r = compare(new, report(entry(140, 130)), tolerance=0.05)
+    assert not any("holds every objective" in n for n in r.notes)

@@ -331,31 +331,32 @@ def two(tmp_path):
 
 
 def test_compare_served_neither_served_is_none(two):
-    assert c.compare_served(*two, tolerance=0.05) is None
+    assert c.compare_served(*two) is None
 
 
 def test_compare_served_both_served_compares_served_speedups(two):
     new, old = _with_served(two[0], 1.20, 1.10, 1.30), _with_served(two[1], 1.40, 1.30, 1.50)
-    r = c.compare_served(new, old, tolerance=0.05)
-    assert r.ratio == pytest.approx(1.2 / 1.4) and r.regressed and r.reasons == []
+    r = c.compare_served(new, old)
+    assert r.ratio == pytest.approx(1.2 / 1.4) and r.reasons == []
+    assert (r.ratio_lo, r.ratio_hi) == (pytest.approx(1.10 / 1.50), pytest.approx(1.30 / 1.30))  # the widest allowed
     assert "compared on served speedups" in r.notes[0]
-    r = c.compare_served(new, _with_served(two[1], 1.22), tolerance=0.05)
-    assert not r.regressed
+    r = c.compare_served(new, _with_served(two[1], 1.22))
+    assert r.ratio == pytest.approx(1.2 / 1.22) and (r.ratio_lo, r.ratio_hi) == (None, None)
 
 
 def test_compare_served_fails_on_a_pick_that_does_not_serve_or_loses_served(two):
-    r = c.compare_served(_with_served(two[0], None, failure="the pick server exited"), two[1], tolerance=0.05)
+    r = c.compare_served(_with_served(two[0], None, failure="the pick server exited"), two[1])
     assert r.reasons == ["the new pick's exported command failed when served (autotune confirm): "
                          "the pick server exited"] and r.ratio is None
     line = "the served speedup 0.90x [0.85-0.95] lies below the claimed 1.60x [1.50-1.70] (in-process)"
-    r = c.compare_served(_with_served(two[0], 0.90, 0.85, 0.95, line=line), two[1], tolerance=0.05)
+    r = c.compare_served(_with_served(two[0], 0.90, 0.85, 0.95, line=line), two[1])
     assert r.reasons[0].startswith("the new pick is slower than its baseline when served: 0.90x [0.85-0.95]")
     assert line in r.notes and r.ratio is None  # the old run was not served: no served ratio
 
 
 def test_compare_served_only_old_served_is_a_note(two):
-    r = c.compare_served(two[0], _with_served(two[1], 1.4), tolerance=0.05)
-    assert r.reasons == [] and r.ratio is None and not r.regressed
+    r = c.compare_served(two[0], _with_served(two[1], 1.4))
+    assert r.reasons == [] and r.ratio is None and r.ratio_lo is None
     assert any("not confirmed served" in n for n in r.notes)
 
 
