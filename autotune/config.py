@@ -39,6 +39,7 @@ class StudyConfig:
     lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
     strategy: str = "predict"  # autotune.strategy.STRATEGIES: how the next candidate is chosen
     remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
+    pairs: int = 1  # rounds of fresh engines at most, added while the pick's paired interval straddles the tie band
     schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.schedule; the CLI: on)
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such
     # How a trial is measured (autotune.cli.Instrument): "served", the exported `vllm serve` over

@@ -11,6 +11,7 @@ numbers and both are reported, plus the acceptance rate by draft position.
 
 from __future__ import annotations
 
+from itertools import zip_longest
 from typing import Any
 
 from autotune.records import Measurement, RawRun, Window
@@ -93,6 +94,9 @@ def acceptance(c: dict[str, Any]) -> dict[str, Any]:
 # Metrics whose spread across windows is reported (median absolute deviation).
 SPREAD = ("output_tok_s", "req_s", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50",
           "e2e_ms_p95")
+# Metrics whose per-window series is kept: every objective (and the forecast's prefill share), so a
+# record pooled over engine instances re-derives each from all windows (``pool``).
+WINDOWED = (*DIRECTIONS, "prefill_share")
 NOISY_SHARE = 0.03  # a throughput MAD above 3% of the median makes a ranking untrustworthy
 
 
@@ -121,7 +125,9 @@ def measure_run(raw: RawRun | dict[str, Any]) -> Measurement:
     """All windows of a run: the median of each metric, its MAD, and acceptance over all windows.
 
     One number from one window is not trusted: each window replays the whole workload on a cold
-    prefix cache, and the spread says how far a single window can be off.
+    prefix cache, and the spread says how far a single window can be off. Every metric keeps its
+    per-window series (``metric_windows``) so that a record of several engine instances
+    (``pool``) re-derives each one from all windows by the same rule.
     """
     per = [measure(w) for w in raw["windows"]]
     m: dict[str, Any] = {}
@@ -132,22 +138,34 @@ def measure_run(raw: RawRun | dict[str, Any]) -> Measurement:
     for key in SPREAD:
         vals = np.asarray([p[key] for p in per], dtype=float)
         m[f"{key}_mad"] = float(np.median(np.abs(vals - np.median(vals))))
-        m[f"{key}_windows"] = [float(v) for v in vals]  # for intervals of ratios (speedup, `check`)
+    for key in WINDOWED:
+        m[f"{key}_windows"] = [float(p[key]) for p in per]  # for intervals of ratios (speedup, `check`) and pooling
+    m["output_tok_s_instances"] = [m["output_tok_s_windows"]]  # one engine instance; pool() appends the next
     m["windows"] = len(per)
     m["incomplete"] = sum(p["incomplete"] for p in per)
     m["completed"] = sum(p["completed"] for p in per)
     m["requests"] = sum(p["requests"] for p in per)
     m["noisy"] = noisy(m["output_tok_s_windows"])
     m["engine_init_s"], m["warmup_s"] = raw.get("engine_init_s"), raw.get("warmup_s")
-    m.update(acceptance(_sum_counters(raw["windows"])))
+    counters = _sum_counters(raw["windows"])
+    m.update(acceptance(counters))
+    m["spec_accepted_per_pos"] = list(counters.get("vllm:spec_decode_num_accepted_tokens_per_pos", []))
     return m
 
 
+def _mad(arr: np.ndarray) -> float:
+    return float(np.median(np.abs(arr - np.median(arr))))
+
+
 def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
-    """One candidate measured on two engine instances, as one measurement: every per-window series
-    joined (``metric_windows``, ``metric_windows@level``), and each metric that has one re-derived as
-    the median (and MAD) of the joined windows. Intervals from it include the spread between
-    instances, which on a shared machine is wider than the spread between windows of one engine."""
+    """One candidate measured on two (or more) engine instances, as one measurement: every metric
+    re-derived from the joined windows of all instances by the rule that derived it from one
+    instance's windows. That is the median for rates and latencies (``metric_windows`` and
+    ``metric_windows@level`` joined, the MAD beside), the worst window for goodput (its own rule in
+    autotune.evaluate.measure), and summed vLLM counters for acceptance. Intervals from it include
+    the spread between instances, which on a shared machine is wider than the spread between windows
+    of one engine. Not pooled: ``by_category`` (a breakdown from the first engine; no decision
+    rests on it)."""
     m = dict(first)
     for key, values in first.items():
         if "_windows" not in key or not isinstance(values, list) or not isinstance(again.get(key), list):
@@ -156,19 +174,70 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
         metric, _, level = key.partition("_windows")
         arr = np.asarray(joined)
         m[key] = joined
+        if metric == "goodput":
+            m[metric + level] = float(arr.min()) if len(arr) else float("nan")
+            continue
         m[metric + level] = float(np.median(arr))
-        m[f"{metric}_mad{level}"] = float(np.median(np.abs(arr - np.median(arr))))
-    for key in [k for k in first if k == "windows" or k.startswith("windows@")]:
+        m[f"{metric}_mad{level}"] = _mad(arr)
+    for key in [k for k in first if k in ("windows", "incomplete", "completed", "requests")
+                or k.startswith(("windows@", "incomplete@"))]:
         m[key] = first[key] + again.get(key, 0)
     for key in [k for k in first if k == "noisy" or k.startswith("noisy@")]:
         m[key] = noisy(m.get("output_tok_s_windows" + key[len("noisy"):], []))
-    m["instances"] = first.get("instances", 1) + again.get("instances", 1)
+    m.update(_pooled_acceptance(first, again))
+    m["output_tok_s_instances"] = instances_of(first) + instances_of(again)
+    m["instances"] = len(m["output_tok_s_instances"])
     a, b = first.get("output_tok_s_windows"), again.get("output_tok_s_windows")
     if a and b:  # how far one config moved between engine instances: the noise a comparison meets
         before = float(np.median(a))
         moved = abs(float(np.median(b)) / before - 1.0) if before > 0 else 0.0
         m["instance_spread"] = max(moved, first.get("instance_spread", 0.0))
     return m
+
+
+def instances_of(m: dict[str, Any]) -> list[list[float]]:
+    """A measurement's throughput windows per engine instance (a record from before this was kept:
+    its windows as one instance)."""
+    inst = m.get("output_tok_s_instances")
+    return [list(x) for x in inst] if inst else [list(m.get("output_tok_s_windows") or [])]
+
+
+def _pooled_acceptance(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """Acceptance over both instances from their summed counts (what measure_run does over windows)."""
+    if "spec_drafts" not in first or "spec_drafts" not in again:
+        return {}
+    per_pos = [a + b for a, b in zip_longest(first.get("spec_accepted_per_pos") or [],
+                                              again.get("spec_accepted_per_pos") or [], fillvalue=0)]
+    c = {"vllm:spec_decode_num_drafts": first["spec_drafts"] + again["spec_drafts"],
+         "vllm:spec_decode_num_draft_tokens": first["spec_draft_tokens"] + again["spec_draft_tokens"],
+         "vllm:spec_decode_num_accepted_tokens": first["spec_accepted_tokens"] + again["spec_accepted_tokens"],
+         "vllm:spec_decode_num_accepted_tokens_per_pos": per_pos}
+    return {**acceptance(c), "spec_accepted_per_pos": per_pos}
+
+
+def paired_interval(cand: list[list[float]], base: list[list[float]], *, level: float = 0.95, draws: int = 2000,
+                    seed: int = 0) -> tuple[float, float, float, int]:
+    """The speedup of ``cand`` over ``base`` with engine instances as the unit: instances are paired
+    from the most recent back (each pair measured side by side), pairs are resampled, then windows
+    within each resampled instance; the ratio is median(cand windows) / median(base windows), as the
+    reported speedup. Returns (ratio, lo, hi, pairs). With one pair the interval is that pair's
+    window bootstrap; it widens to the spread between pairs as pairs are added, and narrows only
+    as they agree."""
+    pairs = list(zip(reversed(cand), reversed(base)))
+    pairs = [(c, b) for c, b in pairs if c and b and min(b) > 0]
+    if not pairs:
+        return float("nan"), float("nan"), float("nan"), 0
+    allc, allb = [x for c, _ in pairs for x in c], [x for _, b in pairs for x in b]
+    point = float(np.median(allc) / np.median(allb))
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(draws)
+    for i in range(draws):
+        pick = rng.integers(0, len(pairs), len(pairs))
+        c = np.concatenate([rng.choice(pairs[j][0], len(pairs[j][0])) for j in pick])
+        b = np.concatenate([rng.choice(pairs[j][1], len(pairs[j][1])) for j in pick])
+        ratios[i] = np.median(c) / np.median(b)
+    tail = (1 - level) / 2 * 100
+    return point, float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail)), len(pairs)
 
 
 def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95, draws: int = 2000,
@@ -191,6 +260,6 @@ def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95,
 
 def at_level(m: dict[str, Any], label: str) -> dict[str, Any]:
     """A run's measurement at one load level as flat ``metric@level`` keys (objective names)."""
-    keys = (*DIRECTIONS, *(f"{k}_windows" for k in SPREAD), "output_tok_s_mad", "windows", "noisy", "incomplete",
+    keys = (*DIRECTIONS, *(f"{k}_windows" for k in WINDOWED), "output_tok_s_mad", "windows", "noisy", "incomplete",
             "acceptance_rate", "mean_accepted_length", "prefill_share")
     return {f"{k}@{label}": m[k] for k in keys if k in m}

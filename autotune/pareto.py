@@ -40,9 +40,22 @@ def superseded(study: optuna.Study) -> dict[int, int]:
 
 
 def latest(study: optuna.Study, t: FrozenTrial | None) -> FrozenTrial | None:
-    """``t``'s current record: its re-measurement on a fresh engine where there is one."""
-    by = superseded(study).get(t.number) if t is not None else None
-    return t if by is None else next(x for x in study.get_trials(deepcopy=False) if x.number == by)
+    """``t``'s current record: its last re-measurement on a fresh engine where there is one (each
+    round of fresh engines pools with the record before it)."""
+    if t is None:
+        return None
+    by, n = superseded(study), t.number
+    while n in by:
+        n = by[n]
+    return t if n == t.number else next(x for x in study.get_trials(deepcopy=False) if x.number == n)
+
+
+def first_record(study: optuna.Study, t: FrozenTrial) -> FrozenTrial:
+    """The trial that measured ``t``'s config on its first engine (``t`` itself unless a re-measurement)."""
+    trials = {x.number: x for x in study.get_trials(deepcopy=False)}
+    while attrs.REMEASURE_OF in t.user_attrs and t.user_attrs[attrs.REMEASURE_OF] in trials:
+        t = trials[t.user_attrs[attrs.REMEASURE_OF]]
+    return t
 
 
 def reference_trial(study: optuna.Study) -> FrozenTrial | None:

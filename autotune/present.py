@@ -134,6 +134,10 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
                       highlight=False, soft_wrap=True)
         if report.get("lossless_first"):
             say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)
+        if report.get("resolution"):
+            from autotune.resolution import Resolution
+
+            say.print(Resolution(**report["resolution"]).line(), highlight=False, soft_wrap=True)
         if report.get("schedule"):
             say.print(schedule_line(report["schedule"]), highlight=False, soft_wrap=True)
         say.print(f"serve it: {out / 'serve.sh'}", highlight=False)

@@ -54,6 +54,10 @@ def _summary(report: dict[str, Any]) -> str:
                      + f"; verdict: {e(best['verdict']['reason'])}.")
     else:
         lines.append("<b>No feasible configuration was found.</b>")
+    if report.get("resolution"):
+        from autotune.resolution import Resolution
+
+        lines.append(e(Resolution(**report["resolution"]).line()))
     return "".join(f"<p>{line}</p>\n" for line in lines)
 
 

@@ -57,12 +57,12 @@ def _remeasured(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
     """The pick's speedup interval from its first engine alone and from the pooled fresh-engine
     re-measurements (the pick's and the baseline's): how much the spread between instances adds."""
     from autotune.metrics import ratio_interval
+    from autotune.pareto import first_record
 
-    of = (pick.user_attrs.get(attrs.REMEASURE_OF) if pick is not None else None)
-    if of is None or base is None:
+    if pick is None or base is None or attrs.REMEASURE_OF not in pick.user_attrs:
         return None
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    first, base_first = trials[of], trials[base.user_attrs.get(attrs.REMEASURE_OF, base.number)]
+    first, base_first = first_record(study, pick), first_record(study, base)
+    of = first.number
     key = "output_tok_s_windows"
     one = ratio_interval(attrs.measurement(first).get(key, []), attrs.measurement(base_first).get(key, []))
     both = ratio_interval(attrs.measurement(pick).get(key, []), attrs.measurement(base).get(key, []))
@@ -70,6 +70,26 @@ def _remeasured(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
     return {"trial": of, "by": pick.number, "baseline_by": base.number if base.number != base_first.number else None,
             "interval_one_engine": list(one), "interval_fresh_engines": list(both),
             "widening": width(both) / width(one) if width(one) > 0 else None}
+
+
+def _resolution(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
+    """autotune.resolution over the pick's and the baseline's current records, the runner-up being
+    the best other feasible config on the first objective (None: no pick, or no throughput)."""
+    from autotune.pareto import feasible, is_schedule, superseded
+    from autotune.resolution import resolve
+
+    if pick is None or base is None or pick.number == base.number:
+        return None
+    old = superseded(study)
+    pick_key, base_key = Candidate(attrs.candidate(pick)).key(), Candidate(attrs.candidate(base)).key()
+    sign = 1 if study.directions[0].name == "MAXIMIZE" else -1
+    others = [t for t in study.get_trials(deepcopy=False) if feasible(t) and t.number not in old
+              and not is_schedule(t) and Candidate(attrs.candidate(t)).key() not in (pick_key, base_key)]
+    runner = max(others, key=lambda t: sign * t.values[0], default=None)
+    res = resolve(attrs.measurement(pick), attrs.measurement(base),
+                  runner_up=attrs.measurement(runner) if runner is not None else None,
+                  runner_label=attrs.label(runner) if runner is not None else None)
+    return res.to_dict() if res is not None else None
 
 
 def _lossless_first(choice: Any) -> dict[str, Any] | None:
@@ -123,6 +143,8 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         "deployed": _entry(deployed, base, settings) if deployed else None,
         "lossless_first": _lossless_first(choice),
         "remeasured": _remeasured(study, pick, base),
+        # The pick over the baseline with engine instances as the unit, and over the runner-up.
+        "resolution": _resolution(study, pick, base),
         # Two or more load levels: the depth per batch size, its checks, and whether it is the pick.
         "schedule": schedule,
         "warm_start": ua.get(attrs.WARM_START),
@@ -211,6 +233,10 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
                   "```", report.get("serve_command", ""), "```", ""]
     else:
         lines += ["**No feasible configuration was found.**", ""]
+    if report.get("resolution"):
+        from autotune.resolution import Resolution
+
+        lines += [Resolution(**report["resolution"]).line() + ".", ""]
     if report.get("schedule"):
         from autotune.present import schedule_line
 

@@ -39,6 +39,7 @@ class SearchOptions:
     strategy: str = "predict"
     instrument: str = "served"
     remeasure: bool = True
+    pairs: int = 3
     schedule: bool = True
     study: str | None = None
     storage: str | None = None
@@ -87,15 +88,16 @@ def _settings(o: SearchOptions, platform: str) -> Any:
     from autotune import demo
     from autotune.candidate import Settings
 
-    model, draft, max_len, dtype = o.model, o.draft_model, o.max_model_len, o.dtype
+    model, draft, max_len, dtype, eagle3 = o.model, o.draft_model, o.max_model_len, o.dtype, o.eagle3_head
     if model is None:
         if not demo.available():
             raise BadInput("--model: not given and the bundled demo models are missing "
                            "(run scripts/train_demo_models.py)")
         model, draft, max_len = str(demo.TARGET), draft or str(demo.DRAFT), max_len or demo.MAX_MODEL_LEN
+        eagle3 = eagle3 or (str(demo.EAGLE3) if demo.eagle3_available() else None)
         dtype = dtype or demo.DTYPE
     gmu = o.gpu_memory_utilization if o.gpu_memory_utilization is not None else (0.3 if platform == "cpu" else None)
-    return Settings(model=model, draft_model=draft, eagle_head=o.eagle_head, eagle3_head=o.eagle3_head, dtype=dtype,
+    return Settings(model=model, draft_model=draft, eagle_head=o.eagle_head, eagle3_head=eagle3, dtype=dtype,
                     max_model_len=max_len, gpu_memory_utilization=gmu, seed=o.seed,
                     trust_remote_code=o.trust_remote_code)
 
@@ -142,7 +144,7 @@ def prepare(o: SearchOptions) -> Prepared:
                       max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
                       trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
                       lossy_min_gain=o.lossy_min_gain,
-                      strategy=o.strategy, remeasure=o.remeasure, schedule=o.schedule, instrument=o.instrument,
+                      strategy=o.strategy, remeasure=o.remeasure, pairs=o.pairs, schedule=o.schedule, instrument=o.instrument,
                       tolerances=Tolerances(lossless=o.lossless_tolerance, max_drift=o.max_drift,
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),

@@ -26,9 +26,9 @@ from autotune.attrs import BASELINE, DEPLOYED
 from autotune.candidate import Candidate
 from autotune.config import Progress, Quiet, StudyConfig
 from autotune.errors import BadInput, StudyFailed
-from autotune.evaluate import Reference, evaluate, trial_job
+from autotune.evaluate import CONSTRAINTS, Evaluation, Reference, evaluate, trial_job
 from autotune.forecast import Forecast
-from autotune.metrics import pool
+from autotune.metrics import instances_of, pool
 from autotune.objectives import validate_objectives
 from autotune.optuna_private import heartbeat, set_trial_attr, stale_trial_ids, storage_of, trial_id
 from autotune.space import SearchSpace
@@ -352,7 +352,7 @@ def _leave_out(study: optuna.Study, trial: optuna.Trial, cand: Candidate, cfg: S
     return True
 
 
-MAX_REMEASURES = 4  # fresh-engine re-measurements a study makes at most (the pick may change after one)
+MAX_REMEASURES = 4  # fresh-engine re-measurements beyond 2 x --pairs a study makes at most (the pick may change)
 
 
 def _extra_work(study: optuna.Study, space: SearchSpace, cfg: StudyConfig) -> bool:
@@ -367,7 +367,7 @@ def _extra_work(study: optuna.Study, space: SearchSpace, cfg: StudyConfig) -> bo
         study.enqueue_trial(_optuna_params(params),
                             user_attrs={attrs.ROLE: step["role"], attrs.PLANNED: step["why"], **_ranges_attr(params)})
         return True
-    return cfg.remeasure and _queue_remeasure(study)
+    return cfg.remeasure and _queue_remeasure(study, cfg.pairs)
 
 
 def _optuna_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -380,38 +380,52 @@ def _ranges_attr(params: dict[str, Any]) -> dict[str, Any]:
     return {attrs.SCHEDULE_RANGES: params[SCHEDULE_KEY]} if params.get(SCHEDULE_KEY) else {}
 
 
-def _queue_remeasure(study: optuna.Study) -> bool:
-    """Queue the pick and the baseline once more, each on a fresh engine, unless done: their pooled
-    windows make the pick's interval include the spread between engine instances. True if queued."""
-    from autotune.pareto import choose
+def _queue_remeasure(study: optuna.Study, pairs: int = 1) -> bool:
+    """Queue a round of fresh engines for the pick and the baseline: the pick's own record and the
+    baseline's pool each new instance's windows (autotune.metrics.pool), so the pick's interval
+    includes the spread between engine instances. Rounds go on, up to ``pairs``, while the pick's
+    speedup over the baseline, with instance pairs as the unit (autotune.resolution), still
+    straddles the tie band. True if queued."""
+    from autotune.pareto import choose, reference_trial
+    from autotune.resolution import resolve
 
     trials = study.get_trials(deepcopy=False)
     again = [t for t in trials if attrs.role(t) == attrs.REMEASURE and not attrs.is_interrupted(t)]
-    if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in again) or len(again) >= MAX_REMEASURES \
-            or _waiting(study):  # configs asked for (--try) go first; once the budget is used they are left out
+    if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in again) \
+            or len(again) >= 2 * pairs + MAX_REMEASURES or _waiting(study):  # configs asked for (--try) go first
         return False
-    choice, base = choose(study), baseline_trial(study)
-    if choice is None or base is None or attrs.role(choice.trial) == BASELINE:
-        return False
+    choice, base = choose(study), reference_trial(study)
+    if choice is None or base is None or first_record_number(study, choice.trial) == first_record_number(study, base):
+        return False  # the baseline (or its pooled record) is the pick: nothing to confirm against it
     chosen = scheduled_trial(study) or choice.trial  # a recommended depth schedule is the pick
-    pick = chosen.user_attrs.get(attrs.REMEASURE_OF, chosen.number)
-    done = {t.user_attrs.get(attrs.REMEASURE_OF) for t in again}
-    sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
-    pooled = [t for t in again
-              if t.state == TrialState.COMPLETE and t.user_attrs.get(attrs.REMEASURE_OF) != base.number]
-    if pooled and all(sign * chosen.values[0] <= sign * t.values[0] for t in pooled):
-        return False  # a pooled pick stands unless another beats it outright (not a tie)
-    queued = False
-    # The pick's fresh engine first, then the baseline's: with the first measurements that makes
-    # baseline, pick, pick, baseline (ABBA), so a drift of the machine's speed over the study
-    # lands on both sides of the pooled ratio alike.
-    for n in (pick, base.number):
-        if n not in done:
-            params = attrs.candidate(next(t for t in trials if t.number == n))  # the baseline has no Optuna params
-            study.enqueue_trial(_optuna_params(params),
-                                user_attrs={attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: n, **_ranges_attr(params)})
-            queued = True
-    return queued
+    rounds = len(instances_of(attrs.measurement(chosen))) - 1
+    if any(t.user_attrs.get(attrs.REMEASURE_OF) == chosen.number for t in again):
+        return False  # its round failed: the record stands as it is
+    if rounds == 0:
+        sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
+        pooled = [t for t in again if t.state == TrialState.COMPLETE and attrs.REMEASURE_OF in t.user_attrs
+                  and first_record_number(study, t) != first_record_number(study, base)]
+        if pooled and all(sign * chosen.values[0] <= sign * t.values[0] for t in pooled):
+            return False  # a pooled pick stands unless another beats it outright (not a tie)
+    else:
+        res = resolve(attrs.measurement(chosen), attrs.measurement(base))
+        if rounds >= pairs or res is None or res.decided:
+            return False
+    # ABBA over rounds: with the first measurements (baseline first), round 1 runs the pick's fresh
+    # engine first, round 2 the baseline's, and so on, so a drift of the machine's speed over the
+    # study lands on both sides of the pooled ratio alike.
+    order = (chosen, base) if rounds % 2 == 0 else (base, chosen)
+    for t in order:
+        params = attrs.candidate(t)  # the baseline has no Optuna params
+        study.enqueue_trial(_optuna_params(params),
+                            user_attrs={attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: t.number, **_ranges_attr(params)})
+    return True
+
+
+def first_record_number(study: optuna.Study, t: FrozenTrial) -> int:
+    from autotune.pareto import first_record
+
+    return first_record(study, t).number
 
 
 def _waiting(study: optuna.Study) -> bool:
@@ -514,6 +528,22 @@ def _against(study: optuna.Study, number: int, forecast: Forecast) -> str:
     return f"{said}, measured {attrs.measurement(t)['output_tok_s'] / attrs.measurement(base)['output_tok_s']:.2f}x"
 
 
+def _pooled(ev: Evaluation, before: FrozenTrial, cfg: StudyConfig) -> Evaluation:
+    """A fresh engine's evaluation as the record of every instance so far: each metric from all
+    windows (autotune.metrics.pool), the SLOs judged on those pooled metrics, and each correctness
+    constraint the worse of the two records' (both engines' outputs must pass)."""
+    m = pool(attrs.measurement(before), ev.measurement)
+    constraints = dict(ev.constraints)
+    earlier = dict(zip(CONSTRAINTS, attrs.verdict(before).get("constraints") or ()))
+    for key, value in earlier.items():
+        constraints[key] = max(constraints.get(key, value), value)
+    for slo in cfg.slos:
+        constraints[f"slo:{slo.text}"] = slo.violation(m[slo.metric])
+    missed = [slo.text for slo in cfg.slos if constraints[f"slo:{slo.text}"] > 0]
+    return replace(ev, measurement=m, values=[m[o] for o in cfg.objectives], constraints=constraints,
+                   slo_missed=missed)
+
+
 def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: TrialOutcome,
             job: dict[str, Any], cfg: StudyConfig, reference: Reference | None) -> str:
     """Judge the outcome and tell Optuna: values, constraints, and everything a report reads."""
@@ -525,8 +555,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
     ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference)
     of = trial.user_attrs.get(attrs.REMEASURE_OF)
     if of is not None and not ev.failure:  # one record of both engine instances (autotune.metrics.pool)
-        m = pool(attrs.measurement(_frozen(study, of)), ev.measurement)
-        ev = replace(ev, measurement=m, values=[m[o] for o in cfg.objectives])
+        ev = _pooled(ev, _frozen(study, of), cfg)
     trial.set_user_attr(attrs.MEASUREMENT, ev.measurement)
     trial.set_user_attr(attrs.VERDICT, ev.verdict.to_dict())
     for key, value in ev.constraints.items():
