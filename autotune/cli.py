@@ -196,6 +196,10 @@ def search(
                                             "baseline once more, each on a fresh engine, and pool the windows, so "
                                             "the pick's interval includes the spread between engine instances "
                                             "(two trials on top of --trials).")] = True,
+    pairs: Annotated[int, typer.Option(min=1, help="Rounds of fresh engines for the pick and the baseline at "
+                                       "most: after the first, another is added while the pick's speedup, "
+                                       "with engine instances paired as the unit, cannot be told from a tie "
+                                       "(within 3%); best.json states the resolution reached.")] = 3,
     schedule: Annotated[bool, typer.Option("--schedule/--no-schedule", help="With two or more concurrency "
                                            "levels (--levels, or METRIC@LEVEL objectives): measure the pick's "
                                            "method at each level's best depth and then a depth per batch size "
@@ -277,7 +281,7 @@ def search(
     opts = SearchOptions(workload=workload, model=model, draft_model=draft_model, eagle_head=eagle_head,
                          eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
                          turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
-                         strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, schedule=schedule,
+                         strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, pairs=pairs, schedule=schedule,
                          instrument=_instrument(instrument),
                          study=study, storage=storage, results=results, objectives=objectives,
                          concurrency=concurrency, load=load, levels=levels, repeats=repeats, max_repeats=max_repeats, slo=slo,
@@ -479,6 +483,40 @@ def check(
     from autotune.check import REGRESSION, UNDECIDED
 
     raise typer.Exit({REGRESSION: errors.FAILED, UNDECIDED: errors.UNDECIDED}.get(result.status, errors.OK))
+
+
+@app.command(epilog="Examples:\n\n  autotune watch results/json_edit --url http://127.0.0.1:8000\n\n"
+             "  autotune watch results/json_edit --url http://10.0.0.5:8000 --interval 5m --once --json")
+def watch(
+    results: Annotated[Path, typer.Argument(help="The deployed config's results folder (or its best.json).")],
+    url: Annotated[str, typer.Option(help="The running vLLM server, http://HOST:PORT (its /metrics is read).",
+                                     envvar="AUTOTUNE_WATCH_URL")],
+    interval: Annotated[str, typer.Option(help="Window length: seconds between scrapes (60, 60s, 2m).")] = "60",
+    once: Annotated[bool, typer.Option("--once", help="One window (two scrapes an interval apart), then exit: "
+                                                      "0 ok or idle, 5 drift (for cron or CI).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object a window instead of a line.")] = False,
+    profile: Annotated[Optional[Path], typer.Option(help="Write each busy window's per-position acceptance "
+                                                         "counts to this JSON file (an acceptance profile).")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="The study's Optuna storage URL. Default: RESULTS/study.db.",
+                                                   envvar="AUTOTUNE_STORAGE")] = None,
+) -> None:
+    """Compare a live vLLM server's speculative decoding with what the study measured for the deployed
+    config: acceptance by position, mean accepted length, tokens per step, requests in flight.
+
+    One line a window: ok, or drift naming what moved and by how much, the forecast speedup of the
+    deployed config at the live acceptance, and the measured config the forecast now prefers.
+    """
+    from autotune.deployed import load_deployed
+    from autotune.watch import parse_interval, watch as run_watch
+
+    seconds = parse_interval(interval)
+    deployed = load_deployed(results, storage=storage)
+    try:
+        code = run_watch(deployed, url, interval_s=seconds, once=once, as_json=json_out, profile=profile,
+                         say=lambda line: print(line, flush=True))  # a line a window, as it comes (tail, cron)
+    except KeyboardInterrupt:
+        raise typer.Exit(errors.INTERRUPTED) from None
+    raise typer.Exit(code)
 
 
 @app.command(epilog="Examples:\n\n  autotune report results/json_edit\n\n"
