@@ -255,6 +255,8 @@ async def _score(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str
     output went elsewhere. One request at a time: batching changes numerics, and both sides
     must be batched alike. A request vLLM cannot score keeps its error instead; the trial goes on.
     """
+    if reference == {}:  # nothing to score: an unspeculated reference run (autotune.evaluate.unspeculated_job)
+        return {}
     by_id = {r["id"]: r for r in records}
     ordered = sorted(reqs, key=lambda r: r["sampling"].get("temperature", 0) > 0)  # greedy first, stable
     chosen = [r["id"] for r in ordered if r["id"] in by_id][:LOGPROB_MAX_REQUESTS]

@@ -17,7 +17,7 @@ from autotune.config import StudyConfig
 from autotune.metrics import at_level, measure_run
 from autotune.records import Job, JobRequest, Measurement, RawRun
 from autotune.slo import goodput
-from autotune.validate import Verdict, verdict
+from autotune.validate import Unspeculated, Verdict, verdict
 from autotune.worker import OnEvent, TrialOutcome, run_trial
 from autotune.workload import UNCATEGORIZED, Workload, expand_turns
 
@@ -80,13 +80,33 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: 
                 "engine_module": cfg.engine_module}
     if reference is not None:
         job["reference"] = reference.paths()
+        # A lossy config's speculation cannot be judged against the baseline: its outputs move on
+        # purpose, and its drift is scored in a prefill that verifies no draft. So the worker also
+        # runs it without speculation, and speculation is held to the lossless rules against that
+        # (autotune.validate). Run here rather than reused from a trial: the study may never
+        # measure that config, and one window plus the draws cost less than a trial.
+        if cand.lossy and "speculative_config" in job["engine_kwargs"]:
+            job["unspeculated"] = unspeculated_job(job)
     return job
+
+
+def unspeculated_job(job: Job) -> Job:
+    """The reference a lossy config's speculation is judged against: the same engine without
+    speculation, replaying the same requests at the same load (batching moves numerics, so both
+    are batched alike) and drawing the same samples. It judges outputs, not speed: one window, no
+    extra load levels, and nothing to score (an empty ``reference``: the drift is the candidate's own
+    against the baseline). The worker runs it in a process of its own (autotune.worker.run_trial)."""
+    kw = {k: v for k, v in job["engine_kwargs"].items() if k != "speculative_config"}
+    replay = {**job["replay"], "extra_loads": [], "repeats": 1, "max_repeats": 1}
+    return {**{k: v for k, v in job.items() if k not in ("unspeculated", "reference")},  # type: ignore[typeddict-item]
+            "engine_kwargs": kw, "replay": replay, "reference": {}}
 
 
 def measure(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: StudyConfig) -> Measurement:
     """Every load level's metrics (``metric@level`` for the extra ones), goodput, and by category."""
     m = measure_run(raw)
-    m["goodput"] = min(goodput(w["requests"], cfg.slos) for w in raw["windows"])
+    m["goodput_windows"] = [goodput(w["requests"], cfg.slos) for w in raw["windows"]]
+    m["goodput"] = min(m["goodput_windows"])  # the worst window: an SLO must hold in every replay
     m["remeasured_windows"] = max(0, m["windows"] - cfg.repeats)
     for level in cfg.extra_loads:
         at = measure_run({"windows": raw["levels"][level.label]})
@@ -112,7 +132,8 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
     base = reference  # None for the baseline itself
     v = verdict(expand_turns(requests), records, None if base is None else base.outputs, lossy=cand.lossy,
                 tol=cfg.tolerances, samples=raw.get("samples"), base_samples=None if base is None else base.samples,
-                scores=raw.get("scores"), base_scores=None if base is None else base.scores)
+                scores=raw.get("scores"), base_scores=None if base is None else base.scores,
+                speculative=cand.method != "none", unspeculated=_unspeculated(raw))
     constraints = dict(zip(CONSTRAINTS, v.constraints))
     for slo in cfg.slos:
         constraints[f"slo:{slo.text}"] = slo.violation(m[slo.metric])
@@ -125,6 +146,14 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
         failure = f"objective not measurable: {dict(zip(cfg.objectives, values))}"
     own = Reference(outputs, raw.get("samples") or {}, raw.get("scores") or {})
     return Evaluation(m, v, own, constraints, missed, values, failure)
+
+
+def _unspeculated(raw: RawRun) -> Unspeculated | None:
+    """The reference run of a lossy config's speculation (autotune.worker), as the verdict reads it."""
+    u = raw.get("unspeculated")
+    if u is None:
+        return None
+    return Unspeculated(outputs=u.get("outputs", []), samples=u.get("samples", {}), error=u.get("error"))
 
 
 def run_and_evaluate(cand: Candidate, workload: Workload, cfg: StudyConfig, workdir: Path, *,

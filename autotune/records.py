@@ -50,6 +50,9 @@ class Job(TypedDict):
     engine_module: str  # autotune.engine, or a FAKE engine in orchestration tests
     reference: NotRequired[dict[str, list[int]]]  # request id -> the baseline's greedy tokens, to score
     inject_fault: NotRequired[dict[str, Any]]  # planted faults, for testing the checks (never set by a study)
+    # A lossy config with speculation: the same config without it, run in a process of its own as
+    # the reference of its speculation (autotune.evaluate.unspeculated_job, autotune.worker.run_trial).
+    unspeculated: NotRequired[Job]
 
 
 class RequestRecord(TypedDict):
@@ -84,6 +87,8 @@ class RawRun(TypedDict):
     levels: dict[str, list[Window]]  # extra load level label -> its windows
     samples: dict[str, list[list[int]]]  # sampled request id -> draws (token ids)
     scores: NotRequired[dict[str, dict[str, Any]]]  # request id -> teacher-forced log-probs of a path
+    # The job's unspeculated reference run: {"outputs": request records, "samples": draws}, or {"error": why}.
+    unspeculated: NotRequired[dict[str, Any]]
     vllm_version: str
     load: dict[str, Any]
 

@@ -6,6 +6,11 @@ change numerics on purpose: their drift from the baseline is gated by ``max_drif
 agreement) and by ``max_logprob_drift``: both engines score the baseline's greedy tokens
 teacher-forced (autotune.engine), and the per-token log-probs are compared.
 Sampled requests are judged by a two-sample test of their output distribution (autotune.stats).
+A lossy config *with* speculation is judged twice, and must pass both: its speculation against the
+same lossy config without speculation (``Unspeculated``: greedy tokens and sampled draws, held to
+the lossless rules), and its lossy part against the baseline by drift. The baseline alone cannot
+judge its speculation: the lossy part moves the outputs on purpose, and the drift is scored in a
+prefill where no draft is ever verified.
 Expectations (``expect``) a baseline output meets must also be met by the candidate.
 """
 
@@ -59,6 +64,10 @@ class Verdict:
     # no "ok": an unverified candidate is never the pick unless Tolerances.allow_unverified.
     status: str = "ok"
     unverified: tuple[str, ...] = ()  # the checks that applied and did not run
+    # A lossy config with speculation: its greedy outputs' token agreement with the same config
+    # without speculation (None: not such a config, or that reference did not run). Its
+    # distribution_p then compares its draws with that reference's, not the baseline's.
+    speculation_agreement: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +87,16 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
 
 
 @dataclass(frozen=True)
+class Unspeculated:
+    """The same (lossy) config run without speculation: the reference its speculation is judged
+    against, as a lossless candidate's is against the baseline."""
+
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # request records (id, token_ids, ...)
+    samples: dict[str, list[list[int]]] = field(default_factory=dict)
+    error: str | None = None  # why there is nothing to compare with (its run failed, say)
+
+
+@dataclass(frozen=True)
 class LogprobDrift:
     mean: float
     max: float
@@ -86,26 +105,51 @@ class LogprobDrift:
     requests: tuple[str, ...] = ()  # the requests compared
 
 
+def _drift_coverage(requests: list[dict[str, Any]], drift: LogprobDrift | None, attempted: set[str],
+                    *, greedy_gated: bool) -> list[str]:
+    """Log-prob drift is evidence only for the requests it covers: every request the engines set out
+    to score (``attempted``: the baseline's scored set, errors included; engine.LOGPROB_MAX_REQUESTS
+    bounds it) must be scored under both engines, for greedy requests where drift is their gate
+    and for sampled ones always. One scored request is not the workload's drift."""
+    covered = set(drift.requests) if drift is not None else set()
+    missing: list[str] = []
+    greedy = [r["id"] for r in requests if r["sampling"].get("temperature", 0) == 0]
+    kinds = [("greedy", greedy)] if greedy_gated else []
+    kinds.append(("sampled", [r["id"] for r in requests if r["sampling"].get("temperature", 0) > 0]))
+    for kind, ids in kinds:
+        want = [i for i in ids if i in attempted] or ids  # none attempted: all of this kind are owed
+        lacking = [i for i in want if i not in covered]
+        if not lacking:
+            continue
+        if len(lacking) == len(want):
+            missing.append(f"log-prob drift on {kind} requests (none of them was scored under both engines)")
+        else:
+            named = ", ".join(repr(i) for i in lacking[:3]) + (", ..." if len(lacking) > 3 else "")
+            missing.append(f"log-prob drift on {kind} requests (scored under both engines for "
+                           f"{len(want) - len(lacking)} of {len(want)}; not for {named})")
+    return missing
+
+
 def _missing_evidence(requests: list[dict[str, Any]], *, lossy: bool, n_draws: int, samples_asked: bool,
-                      drift: LogprobDrift | None) -> list[str]:
+                      drift: LogprobDrift | None, attempted: set[str], split: bool,
+                      twin_missing: str | None) -> list[str]:
     """The checks that apply to a candidate and did not run (no evidence is not "ok").
 
-    Greedy requests are always compared token by token. Sampled ones need the distribution test
+    Greedy requests are compared token by token. Sampled ones need the distribution test
     (speculation must keep the sampler's distribution) or, for a lossy config (judged by drift, not
-    by distribution), log-probs of the baseline's sampled paths scored under both engines.
+    by distribution), log-probs of the baseline's sampled paths scored under both engines. A lossy
+    config with speculation (``split``) needs both: drift for its lossy part, and its speculation
+    compared with the same config without it (``twin_missing``: why that reference is missing).
     """
-    sampled = [r["id"] for r in requests if r["sampling"].get("temperature", 0) > 0]
-    if not sampled:
-        return []
-    if lossy:
-        covered = set(drift.requests) if drift is not None else set()
-        if not covered & set(sampled):
-            return ["log-prob drift on sampled requests (none of them was scored under both engines)"]
-        return []
-    if not n_draws:
+    has_greedy = any(r["sampling"].get("temperature", 0) == 0 for r in requests)
+    has_sampled = any(r["sampling"].get("temperature", 0) > 0 for r in requests)
+    missing = _drift_coverage(requests, drift, attempted, greedy_gated=drift is not None) if lossy else []
+    if split and twin_missing and (has_greedy or has_sampled):
+        return missing + [f"speculation against the same config without speculation ({twin_missing})"]
+    if has_sampled and (split or not lossy) and not n_draws:
         why = "--samples 0" if not samples_asked else "no draws to compare"
-        return [f"distribution test of sampled requests ({why})"]
-    return []
+        missing.append(f"distribution test of sampled requests ({why})")
+    return missing
 
 
 def _topk_kl(base: list[list[float]], cand: list[list[float]]) -> float | None:
@@ -226,17 +270,31 @@ def _drift_note(drift: LogprobDrift) -> tuple[str, str]:
     return detail, f"log-prob drift {drift.mean:.3g} nats/token ({detail})"
 
 
+def _twin_problem(twin: Unspeculated | None, requests: list[dict[str, Any]]) -> str | None:
+    """Why ``twin`` cannot serve as the reference of a lossy config's speculation (None: it can)."""
+    if twin is None:
+        return "not run"
+    if twin.error:
+        return f"its run failed: {twin.error}"
+    by_id = {r["id"]: r for r in twin.outputs}
+    bad = [r["id"] for r in requests if r["id"] not in by_id or not complete(by_id[r["id"]])]
+    return f"{len(bad)} of its request(s) incomplete, e.g. {bad[0]!r}" if bad else None
+
+
 def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: list[dict[str, Any]] | None,
             *, lossy: bool, tol: Tolerances, samples: dict[str, list[list[int]]] | None = None,
             base_samples: dict[str, list[list[int]]] | None = None,
             scores: dict[str, dict[str, Any]] | None = None,
-            base_scores: dict[str, dict[str, Any]] | None = None) -> Verdict:
+            base_scores: dict[str, dict[str, Any]] | None = None,
+            speculative: bool = False, unspeculated: Unspeculated | None = None) -> Verdict:
     """Judge a candidate's records against the baseline's (``base`` None: this *is* the baseline).
 
     ``samples``/``base_samples``: per sampled request, short samples drawn with fixed seeds; for a
     lossless candidate their first tokens must follow the baseline's distribution.
     ``scores``/``base_scores``: teacher-forced log-probs of greedy outputs (``engine._score``);
     reported for every candidate, gated by ``tol.max_logprob_drift`` for lossy ones.
+    ``speculative`` with ``lossy``: the speculation is judged against ``unspeculated`` (the same
+    config without speculation) by the lossless rules, and the lossy part by drift; both must pass.
     """
     by_id = {r["id"]: r for r in cand}
     budget = tol.max_drift if lossy else tol.lossless
@@ -255,8 +313,27 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
         kind = "drift" if lossy else "greedy mismatch (speculation should be lossless)"
         reasons.append(f"{kind}: token agreement {mean_agree:.3f} < {1 - budget:.3f}; "
                        f"{t.greedy - t.identical}/{t.greedy} greedy outputs differ, first at token {t.first}")
-    dist_p, n_draws, dist_gap = None, 0, 0.0
-    if base is not None and samples and base_samples:
+    split = lossy and speculative and base is not None
+    twin_missing = _twin_problem(unspeculated, requests) if split else None
+    dist_p, n_draws, dist_gap, spec_agree = None, 0, 0.0, None
+    if split and unspeculated is not None and twin_missing is None:
+        # Speculation alone is lossless, so it must keep the lossy config's own tokens and sampler:
+        # the same checks a lossless candidate meets against the baseline.
+        st = _tally(requests, by_id, {r["id"]: r for r in unspeculated.outputs})
+        spec_agree = st.mean_agreement
+        spec_gap = (1.0 - spec_agree) - tol.lossless
+        if spec_gap > 0:
+            gap = max(gap, spec_gap)
+            reasons.append(f"greedy mismatch against the same config without speculation (speculation should "
+                           f"be lossless): token agreement {spec_agree:.3f} < {1 - tol.lossless:.3f}; "
+                           f"{st.greedy - st.identical}/{st.greedy} greedy outputs differ, first at token {st.first}")
+        if samples and unspeculated.samples:
+            flagged, dist_p, n_draws = sampler_test(unspeculated.samples, samples, alpha=tol.alpha)
+            if flagged:
+                dist_gap = tol.alpha - dist_p
+                reasons.append(f"sampled outputs differ in distribution from the same config without speculation "
+                               f"(distribution test p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
+    elif not split and base is not None and samples and base_samples:
         flagged, dist_p, n_draws = sampler_test(base_samples, samples, alpha=tol.alpha)
         # Speculation must keep the sampler's distribution; lossy configs are judged by drift alone.
         if not lossy and flagged:
@@ -269,8 +346,10 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
         if lossy and drift.mean > tol.max_logprob_drift:
             lp_gap = drift.mean - tol.max_logprob_drift
             reasons.append(f"log-prob drift {drift.mean:.3g} nats/token > {tol.max_logprob_drift:g} ({detail})")
+    attempted = set(base_scores or {}) | set(scores or {})
     missing = [] if base is None else _missing_evidence(requests, lossy=lossy, n_draws=n_draws,
-                                                        samples_asked=bool(samples), drift=drift)
+                                                        samples_asked=bool(samples), drift=drift,
+                                                        attempted=attempted, split=split, twin_missing=twin_missing)
     status = "failed" if reasons else ("unverified" if missing else "ok")
     reason = "; ".join(reasons) or ("unverified: not checked: " + "; ".join(missing) if missing else "ok")
     unverified_gap = 1.0 if status == "unverified" and not tol.allow_unverified else 0.0
@@ -287,4 +366,4 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
                    logprob_kl=None if drift is None else drift.kl, logprob_tokens=0 if drift is None else drift.tokens,
                    budget=budget,
                    constraints=(gap, float(t.regressions), float(n_incomplete), dist_gap, lp_gap, unverified_gap),
-                   status=status, unverified=tuple(missing))
+                   status=status, unverified=tuple(missing), speculation_agreement=spec_agree)

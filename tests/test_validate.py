@@ -1,6 +1,6 @@
 import pytest
 
-from autotune.validate import Tolerances, agreement, check_expect, logprob_drift, verdict
+from autotune.validate import Tolerances, Unspeculated, agreement, check_expect, logprob_drift, verdict
 
 
 def rec(id, tokens, text="", finish="stop"):
@@ -156,3 +156,76 @@ def test_no_evidence_is_unverified_never_ok():
     v = verdict(reqs, cand, base, lossy=True, tol=Tolerances(max_logprob_drift=0.001), scores=shifted,
                 base_scores=both)
     assert v.status == "failed" and not v.passed
+
+
+def test_a_lossy_configs_drift_must_cover_every_scored_request():
+    """Issue 26, defect 8: log-prob drift is the lossy gate of greedy requests (token agreement is off
+    then), so drift resting on one scored request of several is not the workload's drift: unverified,
+    and the reason names how many were scored and which were not."""
+    reqs = [req("g1"), req("g2"), req("g3")]
+    recs = [rec("g1", [1, 2]), rec("g2", [3, 4]), rec("g3", [5, 6])]
+    base_scores = {**scored("g1", [1, 2], [-0.1, -0.2]), **scored("g2", [3, 4], [-0.3, -0.4]),
+                   **scored("g3", [5, 6], [-0.5, -0.6])}
+    one = {**scored("g1", [1, 2], [-0.1, -0.2]),  # g2's scoring failed; g3 was never scored
+           "g2": {"token_ids": [3, 4], "error": "ValueError: prompt_logprobs refused"}}
+    v = verdict(reqs, recs, recs, lossy=True, tol=Tolerances(), scores=one, base_scores=base_scores)
+    assert v.status == "unverified" and v.passed and v.constraints[-1] == 1.0, v.reason
+    assert "log-prob drift on greedy requests (scored under both engines for 1 of 3; not for 'g2', 'g3')" \
+        in v.reason, v.reason
+    # All scored: ok. Lossless candidates are not gated by drift, so partial scoring is no gap there.
+    assert verdict(reqs, recs, recs, lossy=True, tol=Tolerances(), scores=base_scores,
+                   base_scores=base_scores).status == "ok"
+    lossless = verdict(reqs, recs, recs, lossy=False, tol=Tolerances(), scores=one, base_scores=base_scores)
+    assert lossless.status == "ok"
+    # Sampled requests, the same rule: every one scored, not just one of them.
+    sreqs = [req("s1", temperature=0.8), req("s2", temperature=0.8)]
+    srecs = [rec("s1", [1]), rec("s2", [2])]
+    sbase = {**scored("s1", [1], [-0.1]), **scored("s2", [2], [-0.2])}
+    v = verdict(sreqs, srecs, srecs, lossy=True, tol=Tolerances(), scores=scored("s1", [1], [-0.1]),
+                base_scores=sbase)
+    assert v.status == "unverified" and "sampled requests (scored under both engines for 1 of 2; not for 's2')" \
+        in v.reason, v.reason
+
+
+def test_a_lossy_speculative_config_is_judged_against_itself_without_speculation():
+    """Issue 26, defect 1: two checks that must both pass. Its speculation against the same config
+    without speculation (greedy tokens and sampled draws, by the lossless rules); its lossy part
+    against the baseline, by drift. The baseline's draws cannot judge its sampler: the lossy part
+    moves them on purpose."""
+    import random
+
+    rnd = random.Random(1)
+
+    def draws(weights, n=300):
+        return [[rnd.choices([1, 2, 3], weights)[0]] for _ in range(n)]
+
+    reqs = [req("g"), req("s", temperature=0.8)]
+    base = [rec("g", [1, 2, 3, 4]), rec("s", [9])]
+    cand = [rec("g", [1, 2, 3, 7]), rec("s", [8])]  # the lossy part moved g's last token
+    scores = {**scored("g", [1, 2, 3, 4], [-0.1] * 4), **scored("s", [9], [-0.2])}
+    base_draws, lossy_draws = draws([1, 1, 1]), draws([2, 1, 1])  # lossy on purpose: another law
+    kw = dict(lossy=True, tol=Tolerances(), scores=scores, base_scores=scores, base_samples={"s": base_draws},
+              speculative=True)
+    twin = Unspeculated(outputs=[rec("g", [1, 2, 3, 7]), rec("s", [5])], samples={"s": draws([2, 1, 1])})
+    ok = verdict(reqs, cand, base, samples={"s": lossy_draws}, unspeculated=twin, **kw)
+    assert ok.passed and ok.status == "ok" and ok.speculation_agreement == 1.0, ok.reason
+    assert ok.distribution_p > 0.01 and ok.distribution_samples == 300
+    # A broken speculative sampler: its draws leave the lossy config's own law.
+    broken = verdict(reqs, cand, base, samples={"s": draws([8, 1, 1])}, unspeculated=twin, **kw)
+    assert not broken.passed and broken.constraints[3] > 0 and broken.distribution_p < 1e-6
+    assert "differ in distribution from the same config without speculation" in broken.reason, broken.reason
+    # Speculation that changes the lossy config's greedy tokens: lossless budget, not the drift's.
+    moved = verdict(reqs, [rec("g", [1, 9, 9, 9]), rec("s", [8])], base, samples={"s": lossy_draws},
+                    unspeculated=twin, **kw)
+    assert not moved.passed and moved.constraints[0] > 0 and moved.speculation_agreement == 0.25
+    assert moved.reason.startswith("greedy mismatch against the same config without speculation"), moved.reason
+    # The lossy part still counts: drift beyond its budget fails whatever the speculation did.
+    drifted = {**scored("g", [1, 2, 3, 4], [-0.5] * 4), **scored("s", [9], [-0.6])}
+    lossy_fail = verdict(reqs, cand, base, samples={"s": lossy_draws}, unspeculated=twin,
+                         **{**kw, "scores": drifted})
+    assert not lossy_fail.passed and "log-prob drift 0.4 nats/token > 0.05" in lossy_fail.reason
+    # No reference run (or a failed one): the speculation went unchecked, so unverified, never ok.
+    for missing, why in ((None, "not run"), (Unspeculated(error="worker crashed"), "its run failed: worker crashed")):
+        v = verdict(reqs, cand, base, samples={"s": draws([8, 1, 1])}, unspeculated=missing, **kw)
+        assert v.status == "unverified" and v.constraints[-1] == 1.0, v.reason
+        assert f"speculation against the same config without speculation ({why})" in v.reason, v.reason
