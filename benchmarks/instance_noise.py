@@ -12,7 +12,11 @@ chosen instrument. Prints each instance's median tok/s and, per config, the spre
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import json
+import os
+import threading
 import statistics
 import sys
 import tempfile
@@ -35,6 +39,48 @@ PICK = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, 
 BASE = {"method": "none", "enforce_eager": True}
 
 
+class Placement:
+    """Samples, every ``every_s``, which CPU each running thread on the machine is on (/proc/*/task/*/stat),
+    counting running threads other than vLLM's OpenMP compute thread that share its core: the
+    contention a run meets. vLLM binds the OpenMP thread to one core (here cpu 0) and nothing keeps
+    the API server, the engine core's loop or the client off it."""
+
+    def __init__(self, every_s: float = 0.05) -> None:
+        self.every_s, self.samples, self.shared, self._stop = every_s, 0, 0, threading.Event()
+        self.others: collections.Counter[str] = collections.Counter()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Placement":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.wait(self.every_s):
+            on0: list[str] = []
+            for stat in glob.glob("/proc/[0-9]*/task/[0-9]*/stat"):
+                try:
+                    raw = Path(stat).read_text()
+                except OSError:
+                    continue
+                comm = raw[raw.index("(") + 1:raw.rindex(")")]
+                fields = raw[raw.rindex(")") + 2:].split()
+                if fields[0] == "R" and fields[36] == "0" and not stat.startswith(f"/proc/{me}/"):
+                    on0.append(comm)
+            self.samples += 1
+            # The OpenMP compute thread is one running thread on cpu 0; any other is contention.
+            if len(on0) > 1:
+                self.shared += 1
+                self.others.update(on0)
+
+    def share(self) -> float:
+        return self.shared / self.samples if self.samples else float("nan")
+
+
 def spread(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / statistics.median(xs)
 
@@ -45,6 +91,8 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=5)
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--instrument", default="served", choices=("served", "inprocess"))
+    ap.add_argument("--warmup", type=int, default=2, help="requests replayed unmeasured first (the study's default: 2)")
+    ap.add_argument("--configs", default="baseline,pick", help="which of baseline,pick to measure")
     ap.add_argument("--out", default="benchmarks/data/instance_noise.json")
     args = ap.parse_args()
     wl = load_workload(args.workload)
@@ -52,33 +100,48 @@ def main() -> None:
                         gpu_memory_utilization=0.3)
     tmp = Path(tempfile.mkdtemp(prefix="instance_noise-"))
     cfg = StudyConfig(name="noise", results_dir=tmp, settings=settings, load=LoadPattern(concurrency=1),
-                      repeats=args.windows, samples=0, instrument=args.instrument)
-    sides = {"baseline": Candidate(BASE), "pick": Candidate(PICK)}
+                      repeats=args.windows, samples=0, instrument=args.instrument, warmup=args.warmup)
+    sides = {s: c for s, c in {"baseline": Candidate(BASE), "pick": Candidate(PICK)}.items()
+             if s in args.configs.split(",")}
     tok: dict[str, list[float]] = {s: [] for s in sides}
     windows: dict[str, list[list[float]]] = {s: [] for s in sides}
+    shared: dict[str, list[float]] = {s: [] for s in sides}
     t0 = time.time()
     for i in range(args.instances):
-        for side in (("baseline", "pick") if i % 2 == 0 else ("pick", "baseline")):  # ABBA
-            out = run_trial(trial_job(sides[side], wl, cfg), tmp / f"{i}-{side}", timeout_s=1800)
+        for side in (list(sides) if i % 2 == 0 else list(sides)[::-1]):  # ABBA
+            with Placement() as place:
+                out = run_trial(trial_job(sides[side], wl, cfg), tmp / f"{i}-{side}", timeout_s=1800)
             if out.raw is None:
                 raise SystemExit(f"{side} instance {i} failed: {out.failure}")
             m = measure_run(out.raw)
             tok[side].append(m["output_tok_s"])
             windows[side].append(m["output_tok_s_windows"])
+            shared[side].append(place.share())
             print(f"instance {i} {side:<8} {m['output_tok_s']:7.1f} tok/s (windows "
-                  f"{', '.join(f'{x:.1f}' for x in m['output_tok_s_windows'])}) at {time.time() - t0:.0f} s", flush=True)
-    paired = [p / b for p, b in zip(tok["pick"], tok["baseline"])]
-    summary = {s: {"median": statistics.median(v), "spread": spread(v)} for s, v in tok.items()}
-    summary["speedup"] = {"paired": paired, "median": statistics.median(paired), "spread": spread(paired)}
+                  f"{', '.join(f'{x:.1f}' for x in m['output_tok_s_windows'])}) at {time.time() - t0:.0f} s; "
+                  f"the OpenMP core shared in {place.share():.0%} of samples "
+                  f"({', '.join(f'{k} {v}' for k, v in place.others.most_common(4))})", flush=True)
+    summary: dict = {s: {"median": statistics.median(v), "spread": spread(v),
+                         # the spread of each window position across instances: does it shrink as warm-up goes on?
+                         "spread_by_window": [spread([w[j] for w in windows[s]]) for j in range(args.windows)]}
+                     for s, v in tok.items()}
+    paired = [p / b for p, b in zip(tok.get("pick", []), tok.get("baseline", []))]
+    if paired:
+        summary["speedup"] = {"paired": paired, "median": statistics.median(paired), "spread": spread(paired)}
     for s in sides:
         print(f"{s:<8} median {summary[s]['median']:.1f} tok/s, spread (max-min)/median {summary[s]['spread']:.1%} "
               f"over {args.instances} fresh instances")
-    print(f"paired speedups {', '.join(f'{x:.2f}' for x in paired)}: median {summary['speedup']['median']:.2f}x, "
-          f"spread {summary['speedup']['spread']:.1%}")
+        print(f"{s:<8} spread of window 1..{args.windows} across instances: "
+              + ", ".join(f"{x:.1%}" for x in summary[s]["spread_by_window"]))
+    if paired:
+        print(f"paired speedups {', '.join(f'{x:.2f}' for x in paired)}: median {summary['speedup']['median']:.2f}x, "
+              f"spread {summary['speedup']['spread']:.1%}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),
                                           "instrument": args.instrument, "instances": args.instances,
+                                          "warmup": args.warmup,
                                           "windows": args.windows, "tok_s": tok, "windows_tok_s": windows,
+                                          "omp_core_shared": shared,
                                           "summary": summary}, indent=2) + "\n")
     print(f"saved {args.out}")
 
