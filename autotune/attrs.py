@@ -59,6 +59,7 @@ FINGERPRINT = "fingerprint"  # what defines the study (autotune.study.fingerprin
 STOPPED = "stopped"  # why the study stopped before the budget was used (the strategy, or no new config to ask)
 SCHEDULE_PLAN = "schedule"  # autotune.schedule: the planned ranges and what they rest on, or why none
 DRAFT_TRACE = "draft_trace"  # {"argmax": request id -> the draft's teacher-forced choices} or {"failure": ...}
+EAGLE3_TRACE = "eagle3_trace"  # {"traces": request id -> the EAGLE-3 head's trace, "depth": k} or {"failure": ...}
 
 
 def role(t: Any) -> str | None:

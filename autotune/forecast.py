@@ -17,6 +17,8 @@ dtype, quantization, eager or compiled) enter as a measured factor on the speedu
 value, shrunk towards 1 until it has been measured; so do the lossless verification knobs (block
 verification, probabilistic drafts), whose gain on sampled requests the replay of the standard
 rule does not see.
+EAGLE-3 is replayed from its head's chained drafts along the baseline's tokens (a trace: see
+autotune.predict.eagle3_acceptance), when the study has one.
 Methods no replay covers (EAGLE, MTP) get no prediction and are measured as before.
 Pure numpy over plain data: no Optuna, no vLLM.
 """
@@ -31,10 +33,11 @@ from typing import Any
 import numpy as np
 
 from autotune.candidate import SPEC_DEFAULTS, Candidate
-from autotune.predict import (SUFFIX_DEFAULTS, Acceptance, DraftTrace, draft_acceptance, draft_traces,
-                              ngram_acceptance, suffix_acceptance, suffix_available)
+from autotune.predict import (SUFFIX_DEFAULTS, Acceptance, DraftTrace, Eagle3Trace, draft_acceptance, draft_traces,
+                              eagle3_acceptance, eagle3_traces, ngram_acceptance, suffix_acceptance,
+                              suffix_available)
 
-REPLAYED = ("ngram", "draft_model", "suffix")  # methods whose acceptance the baseline's tokens give
+REPLAYED = ("ngram", "draft_model", "suffix", "eagle3")  # methods whose acceptance the baseline's tokens give
 # Methods vLLM runs with a depth per batch size (the suffix proposer asserts one fixed k).
 SCHEDULED = ("ngram", "draft_model")
 SUFFIX_KEYS = tuple(SUFFIX_DEFAULTS)
@@ -47,6 +50,7 @@ PRIORS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "ngram": ((0.2, 0.5), (0.03, 0.15)),
     "draft_model": ((0.2, 0.5), (0.25, 0.3)),
     "suffix": ((0.2, 0.5), (0.03, 0.15)),  # a tree walk per step, and verifying like ngram
+    "eagle3": ((0.2, 0.5), (0.15, 0.3)),  # one head layer per drafted token, over the target's states
 }
 FLOOR = 0.03  # least relative noise of one measured speedup beyond its windows: engine instances differ
 KNOB_PRIOR_SD = 0.2  # log-factor of an unmeasured knob value: +-20% either way
@@ -111,12 +115,19 @@ class AcceptanceTable:
     argmax: Mapping[str, list[int]] | None
     max_model_len: int
     trace_failure: str | None = None
+    # An EAGLE-3 head's trace along each output (request id -> its chained greedy drafts, one per
+    # decode step, and the target's tokens past an end-of-sequence: autotune.demo.eagle3.trace),
+    # or None when not traced.
+    eagle3: Mapping[str, dict[str, list]] | None = None
     _cache: dict[tuple[Any, ...], Acceptance | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         usable = [o for o in self.outputs if o.get("prompt_token_ids") and o.get("token_ids")]
         self._pairs = [(o["prompt_token_ids"], o["token_ids"]) for o in usable]
         self._traces: list[DraftTrace] = draft_traces(usable, self.argmax) if self.argmax else []
+        self._eagle3: list[Eagle3Trace] = eagle3_traces(usable, self.eagle3) if self.eagle3 else []
+        # The depth the chains were traced to: deeper drafts are not known.
+        self._eagle3_depth = min((len(c) for t in self._eagle3 for c in t.drafts), default=0)
 
     def get(self, params: Mapping[str, Any]) -> Acceptance | None:
         s = shape(params)
@@ -132,6 +143,8 @@ class AcceptanceTable:
             return ngram_acceptance(self._pairs, k=k, min_n=lo, max_n=hi, max_model_len=self.max_model_len)
         if p.get("method") == "draft_model" and self._traces and k:
             return draft_acceptance(self._traces, k=k)
+        if p.get("method") == "eagle3" and self._eagle3 and 0 < k <= self._eagle3_depth:
+            return eagle3_acceptance(self._eagle3, k=k)
         if p.get("method") == "suffix" and self._pairs and k and suffix_available():
             knob = {key: p.get(key) if p.get(key) is not None else d for key, d in SUFFIX_DEFAULTS.items()}
             return suffix_acceptance(self._pairs, k=k, max_model_len=self.max_model_len,
@@ -146,6 +159,10 @@ class AcceptanceTable:
             if self.trace_failure:
                 return f"no draft trace: the trace failed ({self.trace_failure})"
             return "no draft trace (the draft was not traced over the baseline's outputs)"
+        if method == "eagle3" and not self._eagle3:
+            return "eagle3: no head trace (the EAGLE-3 head was not traced over the baseline's outputs); measured"
+        if method == "eagle3":
+            return f"eagle3: the head's trace goes {self._eagle3_depth} drafts deep; deeper is measured"
         if not self._pairs:
             return "the baseline's outputs have no token ids to replay"
         if method == "suffix" and not suffix_available():

@@ -18,8 +18,12 @@ sees past a request's end and the baseline never does: vLLM's runner puts every 
 sampled into the tree, a bonus token after an accepted end-of-sequence draft too, which a later
 draft can then offer.
 
-What cannot be replayed this way (EAGLE, EAGLE-3, MTP: they read the target's hidden states) is
-measured as before.
+EAGLE-3 reads the target's hidden states, but only along the tokens the target verified: a greedy
+head drafts deterministically from the baseline's tokens and the target's (teacher-forced) states
+over them, chaining on its own output within a step. ``autotune.demo.eagle3.trace`` replays that
+chain at every position once (transformers, the target and the head); ``eagle3_acceptance`` then
+walks each request as the engine would, for every depth up to the traced one.
+What cannot be replayed this way (EAGLE-1, MTP) is measured as before.
 Pure Python over token ids; needs neither Optuna nor vLLM (suffix decoding: Arctic Inference).
 """
 
@@ -236,6 +240,57 @@ def draft_acceptance(traces: Sequence[DraftTrace], *, k: int) -> Acceptance:
         total += replay(t.prompt, t.output,
                         lambda _ctx, pos, a=t.argmax: (list(a[pos - 1:pos - 1 + k]) + [-1] * k)[:k], k)
     return total
+
+
+@dataclass(frozen=True)
+class Eagle3Trace:
+    """An EAGLE-3 head's greedy drafts along the baseline's path: ``drafts[i]`` is the chain it drafts
+    once prompt + output[:i + 1] is known (for output[i + 1], output[i + 2], ...), as deep as traced;
+    ``beyond``: the target's greedy tokens after an output that ended in end-of-sequence (vLLM
+    verifies, and counts, drafts past an accepted end before it cuts the output there)."""
+
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    drafts: tuple[tuple[int, ...], ...] = field(default=())
+    beyond: tuple[int, ...] = ()
+
+
+def eagle3_acceptance(traces: Sequence[Eagle3Trace], *, k: int) -> Acceptance:
+    """eagle3 with depth k (greedy), from each request's chained drafts (``autotune.demo.eagle3.trace``).
+
+    Unlike a draft model's, an EAGLE-3 chain is not the teacher-forced argmax at each position: past
+    its first token the head reads its own hidden state, so the j-th token of a chain depends on
+    where the chain started, and the trace keeps one chain per start. A chain shorter than k (traced
+    less deep) is padded with tokens that are never accepted. The steps are ``replay``'s, except
+    that a draft run that reaches the output's end-of-sequence goes on being checked against what
+    the target says after it (``beyond``), as vLLM's counters do.
+    """
+    total = Acceptance()
+    for t in traces:
+        n = len(t.output)
+        if n == 0:
+            continue
+        full = tuple(t.output) + tuple(t.beyond)
+        pos, drafts, drafted, accepted, steps = 1, 0, 0, 0, 0
+        per_pos = [0] * k
+        while pos < n:
+            draft = (list(t.drafts[pos - 1][:k]) + [-1] * k)[:k]
+            run = 0
+            while run < k and pos + run < len(full) and draft[run] == full[pos + run]:
+                per_pos[run] += 1
+                run += 1
+            drafts, drafted, accepted = drafts + 1, drafted + k, accepted + run
+            pos += min(run + 1, n - pos)
+            steps += 1
+        total += Acceptance(drafts, drafted, accepted, tuple(per_pos), n, steps, 1)
+    return total
+
+
+def eagle3_traces(outputs: Sequence[dict[str, Any]], traced: dict[str, dict[str, list]]) -> list[Eagle3Trace]:
+    """Eagle3Traces from the baseline's outputs and their trace (request id -> ``drafts``, ``beyond``)."""
+    return [Eagle3Trace(tuple(o["prompt_token_ids"]), tuple(o["token_ids"]),
+                        tuple(tuple(c) for c in traced[o["id"]]["drafts"]), tuple(traced[o["id"]].get("beyond", ())))
+            for o in outputs if o["id"] in traced]
 
 
 def trace_job(draft_kwargs: dict[str, Any], outputs: Sequence[dict[str, Any]], engine_module: str) -> dict[str, Any]:

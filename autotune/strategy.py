@@ -122,7 +122,7 @@ def _predicted(f: Forecast) -> str:
 # --- a live study ---------------------------------------------------------------------------
 
 _tables: dict[tuple[Any, ...], AcceptanceTable] = {}
-_traces: dict[tuple[str, int, str], threading.Lock] = {}  # one lock per baseline: its draft trace runs once
+_traces: dict[tuple[Any, ...], threading.Lock] = {}  # one lock per baseline and trace: each runs once
 _lock = threading.Lock()  # guards the two dicts only; never held while anything is computed or run
 
 
@@ -149,13 +149,14 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
         return None
     old = superseded(study)
     trace = study.user_attrs.get(attrs.DRAFT_TRACE) or {}
-    # Replays are cached per baseline trial (and its trace, once there is one).
-    key = (*_baseline_key(study, base), bool(trace.get("argmax")), trace.get("failure"))
+    eagle3 = study.user_attrs.get(attrs.EAGLE3_TRACE) or {}
+    # Replays are cached per baseline trial (and its traces, once there are).
+    key = (*_baseline_key(study, base), bool(trace.get("argmax")), trace.get("failure"), bool(eagle3.get("traces")))
     with _lock:
         table = _tables.get(key)
     if table is None:  # built outside the lock: two threads may both build it, the first kept
         table = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"), max_model_len or 1 << 30,
-                                trace_failure=trace.get("failure"))
+                                trace_failure=trace.get("failure"), eagle3=eagle3.get("traces"))
         with _lock:
             table = _tables.setdefault(key, table)
     at = "" if level is None else f"@{level}"
@@ -204,22 +205,32 @@ def forecast_for(study: Any, space: Any, params: Mapping[str, Any], max_model_le
     return None if got is None else got[0].forecast(params)
 
 
-def needs_trace(space: Any, settings: Any) -> bool:
+def _traced(space: Any, settings: Any) -> tuple[bool, bool]:
+    """(the draft model, the EAGLE-3 head): which the space searches and the study has."""
     methods = next((p.choices for p in space.params if p.name == "method"), ())
-    return "draft_model" in methods and bool(settings.draft_model)
+    return ("draft_model" in methods and bool(settings.draft_model),
+            "eagle3" in methods and bool(getattr(settings, "eagle3_head", None)))
+
+
+def needs_trace(space: Any, settings: Any) -> bool:
+    return any(_traced(space, settings))
 
 
 def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_dir: Path) -> str | None:
     """One teacher-forced pass of the draft over the baseline's outputs (a worker job), kept in the
     study (``draft_trace``) so every forecast of a draft depth reads it; a failure is kept too, and
     returned (to the caller that ran the trace) for it to say. Workers that reach it meanwhile wait
-    for this baseline's trace only: planning, forecasts and other studies go on."""
+    for this baseline's trace only: planning, forecasts and other studies go on. Where the space
+    searches eagle3 with a head, the head's chains are traced first (``trace_eagle3``)."""
     from autotune.predict import trace_job
     from autotune.study import baseline_trial
     from autotune.worker import run_trial
 
     base = baseline_trial(study)
-    if base is None or attrs.DRAFT_TRACE in study.user_attrs:
+    draft, eagle3 = _traced(space, cfg.settings)
+    if base is not None and eagle3 and attrs.EAGLE3_TRACE not in study.user_attrs:
+        trace_eagle3(study, space, cfg, base)
+    if base is None or not draft or attrs.DRAFT_TRACE in study.user_attrs:
         return None
     with _lock:
         mine = _traces.setdefault(_baseline_key(study, base), threading.Lock())
@@ -235,6 +246,34 @@ def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_d
                                                     "rank_mismatches": out.raw.get("rank_mismatches")}
                             if out.raw is not None else {"failure": out.failure, "wall_s": round(out.wall_s, 1)})
     return out.failure
+
+
+def trace_eagle3(study: Any, space: Any, cfg: Any, base: Any) -> None:
+    """The EAGLE-3 head's chained greedy drafts along the baseline's outputs, as deep as the space
+    searches (transformers: the target's hidden states and the head, autotune.demo.eagle3.trace),
+    kept in the study (``eagle3_trace``) for every eagle3 forecast; a failure is kept instead, and
+    eagle3 is then measured without a forecast (a head the trace cannot read, a target transformers
+    cannot load)."""
+    import time
+
+    with _lock:
+        mine = _traces.setdefault((*_baseline_key(study, base), "eagle3"), threading.Lock())
+    with mine:
+        if attrs.EAGLE3_TRACE in study.user_attrs:
+            return
+        depth = max((int(v) for p in space.params if p.name == "num_speculative_tokens" for v in p.values()),
+                    default=1)
+        outputs = [o for o in base.user_attrs.get(attrs.OUTPUTS, []) if o.get("prompt_token_ids") and o.get("token_ids")]
+        t0 = time.monotonic()
+        try:
+            from autotune.demo.eagle3 import trace
+
+            traced = trace([(o["prompt_token_ids"], o["token_ids"]) for o in outputs], depth=depth,
+                           head_dir=Path(cfg.settings.eagle3_head), target_dir=Path(cfg.settings.model), threads=2)
+            got: dict[str, Any] = {"traces": {o["id"]: t for o, t in zip(outputs, traced)}, "depth": depth}
+        except Exception as e:  # noqa: BLE001 - any failure means: measured, not forecast
+            got = {"failure": f"{type(e).__name__}: {e}"}
+        study.set_user_attr(attrs.EAGLE3_TRACE, {**got, "wall_s": round(time.monotonic() - t0, 1)})
 
 
 def ranked(study: Any, space: Any, max_model_len: int | None) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
-"""The bundled demo model pair: a Llama target and a 1-layer draft sharing one tokenizer.
+"""The bundled demo model pair: a Llama target and a 1-layer draft sharing one tokenizer, and the
+target's EAGLE-3 head.
 
-Trained by ``scripts/train_demo_models.py`` on the corpus of ``autotune.demo.corpus``;
-loaded from the package, no downloads.
+Trained by ``scripts/train_demo_models.py`` (the pair) and ``scripts/train_eagle3.py`` (the head) on
+the corpus of ``autotune.demo.corpus``; loaded from the package, no downloads.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 MODELS = Path(__file__).resolve().parent / "models"
 TARGET = MODELS / "target"
 DRAFT = MODELS / "draft"
+EAGLE3 = MODELS / "eagle3"  # the target's EAGLE-3 head (vLLM method eagle3)
 MAX_MODEL_LEN = 1024
 # vLLM's "auto" downcasts float32 checkpoints to bfloat16 on CPU; measured on this pair
 # (smoke workload, concurrency 1), bfloat16 cut draft acceptance from 0.81 to 0.64.
@@ -19,3 +21,7 @@ DTYPE = "float32"
 
 def available() -> bool:
     return (TARGET / "model.safetensors").is_file() and (DRAFT / "model.safetensors").is_file()
+
+
+def eagle3_available() -> bool:
+    return (EAGLE3 / "model.safetensors").is_file() and (EAGLE3 / "config.json").is_file()
