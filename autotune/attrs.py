@@ -12,6 +12,9 @@ from typing import Any
 # Trial attributes.
 ROLE = "role"  # BASELINE, DEPLOYED, EXTRA_BASELINE, REMEASURE, DEPTH, SCHEDULE or absent (a candidate)
 SCHEDULE_RANGES = "schedule_ranges"  # a schedule trial's [first, last, k] ranges
+PRUNED_WHY = "pruned"  # why the study stopped this trial after its first window (a hopeless candidate)
+PAST_EDGE = "past_edge"  # {knob: value} beyond the space that a planned trial measures (not an Optuna parameter)
+EDGE = "edge"  # the pick on an edge of the space, with the forecast one step past it (autotune.strategy.edge_report)
 QUEUED = "queued"  # a baseline enqueued at the study's start (goes first among baselines)
 CANDIDATE = "candidate"  # the space parameters (autotune.candidate.Candidate.params)
 LABEL = "label"

@@ -200,6 +200,14 @@ def search(
                                        "most: after the first, another is added while the pick's speedup, "
                                        "with engine instances paired as the unit, cannot be told from a tie "
                                        "(within 3%); best.json states the resolution reached.")] = 3,
+    past_edge: Annotated[bool, typer.Option("--past-edge/--no-past-edge", help="--strategy predict: before "
+                                            "stopping, measure one step past an edge of the space (a deeper "
+                                            "k, a longer lookup) that the best config sits on, when the "
+                                            "forecast there beats it by more than the noise.")] = True,
+    prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Stop a candidate after its first "
+                                        "window when even twice the noise leaves it below the best measured "
+                                        "config (and its forecast's top agrees): recorded as pruned, with "
+                                        "why.")] = True,
     schedule: Annotated[bool, typer.Option("--schedule/--no-schedule", help="With two or more concurrency "
                                            "levels (--levels, or METRIC@LEVEL objectives): measure the pick's "
                                            "method at each level's best depth and then a depth per batch size "
@@ -281,7 +289,7 @@ def search(
     opts = SearchOptions(workload=workload, model=model, draft_model=draft_model, eagle_head=eagle_head,
                          eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
                          turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
-                         strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, pairs=pairs, schedule=schedule,
+                         strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, pairs=pairs, past_edge=past_edge, prune=prune, schedule=schedule,
                          instrument=_instrument(instrument),
                          study=study, storage=storage, results=results, objectives=objectives,
                          concurrency=concurrency, load=load, levels=levels, repeats=repeats, max_repeats=max_repeats, slo=slo,

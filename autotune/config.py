@@ -39,6 +39,8 @@ class StudyConfig:
     lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
     strategy: str = "predict"  # autotune.strategy.STRATEGIES: how the next candidate is chosen
     remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
+    prune: bool = False  # stop a candidate after its first window when it cannot reach the best (the CLI: on)
+    past_edge: bool = False  # predict: measure one step past an edge the best sits on when its forecast clears the noise
     pairs: int = 1  # rounds of fresh engines at most, added while the pick's paired interval straddles the tie band
     schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.schedule; the CLI: on)
     engine_module: str = "autotune.engine"  # tests swap in a fake engine, named as such

@@ -410,7 +410,7 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         await _replay(engine, reqs[:n_warm], prompts[:n_warm],
                       {"kind": "concurrency", "concurrency": load.get("concurrency", 1)}, lambda n: None, fault)
         warm_s = time.perf_counter() - t1
-        windows = await _windows(engine, reqs, prompts, load, replay, fault, phase)
+        windows = await _windows(engine, reqs, prompts, load, replay, fault, phase, main=True)
         levels = {lvl["label"]: await _windows(engine, reqs, prompts, lvl, replay, fault, phase)
                   for lvl in replay.get("extra_loads", [])}
         samples = await _samples(engine, reqs, prompts, replay, fault, phase,
@@ -425,9 +425,12 @@ async def _run(job: Job, phase: Phase) -> RawRun:
 
 
 async def _windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],
-                   replay: dict[str, Any], fault: dict[str, Any] | None, phase: Phase) -> list[dict[str, Any]]:
+                   replay: dict[str, Any], fault: dict[str, Any] | None, phase: Phase,
+                   *, main: bool = False) -> list[dict[str, Any]]:
     """``repeats`` windows at one load level, and more (up to ``max_repeats``) while their
-    throughput spread is too wide to rank the candidate: re-measured while the engine is up."""
+    throughput spread is too wide to rank the candidate: re-measured while the engine is up.
+    ``main``: the study's own level, whose finished windows are told as they come (``window_done``,
+    with their throughput), so that the study can stop a hopeless candidate early."""
     from autotune.metrics import noisy, measure
 
     repeats = replay.get("repeats", 1)
@@ -438,6 +441,8 @@ async def _windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], 
         phase("measure", {"total": len(reqs), "window": w, "windows": total, "load": load.get("label")})
         windows.append(await _window(engine, reqs, prompts, load, fault, lambda n, w=w, total=total: phase(
             "progress", {"done": n, "total": len(reqs), "window": w, "windows": total})))
+        if main:
+            phase("window_done", {"window": w, "output_tok_s": measure(windows[-1])["output_tok_s"]})
     return windows
 
 

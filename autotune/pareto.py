@@ -189,7 +189,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     metrics = dict.fromkeys((*METRIC_COLUMNS, *study.user_attrs.get(attrs.OBJECTIVES, []), *at_levels))
     rows = []
     for t in study.get_trials(deepcopy=False):
-        if attrs.DUPLICATE_OF in t.user_attrs or t.state not in (TrialState.COMPLETE, TrialState.FAIL):
+        pruned = t.state == TrialState.PRUNED and attrs.PRUNED_WHY in t.user_attrs  # stopped early, with why
+        if attrs.DUPLICATE_OF in t.user_attrs or (t.state not in (TrialState.COMPLETE, TrialState.FAIL) and not pruned):
             continue
         ua = t.user_attrs
         m, v = ua.get(attrs.MEASUREMENT, {}), ua.get(attrs.VERDICT, {})
@@ -212,7 +213,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["goodput"] = m.get("goodput")
         row["slo_missed"] = ", ".join(ua.get(attrs.SLO_MISSED, [])) or None
         row["noisy"] = m.get("noisy")
-        row["failure"] = ua.get(attrs.FAILURE)
+        row["failure"] = ua.get(attrs.FAILURE) or (f"pruned: {ua[attrs.PRUNED_WHY]}" if pruned else None)
         row["wall_s"] = ua.get(attrs.WALL_S)
         row["worker"] = ua.get(attrs.WORKER)  # host:pid/thread, for studies shared by several workers
         rows.append(row)

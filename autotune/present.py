@@ -134,6 +134,8 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
                       highlight=False, soft_wrap=True)
         if report.get("lossless_first"):
             say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)
+        for e in report.get("edge") or []:
+            say.print(edge_line(e, b["label"]), highlight=False, soft_wrap=True)
         if report.get("resolution"):
             from autotune.resolution import Resolution
 
@@ -143,6 +145,15 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
         say.print(f"serve it: {out / 'serve.sh'}", highlight=False)
     say.print(f"results: {out}/ (trials.csv, trials.parquet, pareto.csv, best.json, serve.sh, report.md); "
               f"plots: autotune report {out}", highlight=False)
+
+
+def edge_line(e: dict[str, Any], label: str) -> str:
+    """One of best.json's ``edge`` entries in one line."""
+    gain = e["forecast"] / e["pick_forecast"] if e.get("pick_forecast") else None
+    return (f"edge: {label} sits at the space's top {e['knob']} ({e['top']}); one step past it ({e['beyond']}) "
+            f"the forecast is {e['forecast']:.2f}x [{e['lo']:.2f}-{e['hi']:.2f}]"
+            + (f", {gain:.2f} of the pick's own forecast" if gain else "")
+            + ("; a space that goes further may pay" if gain and gain > 1.03 else ""))
 
 
 def schedule_line(s: dict[str, Any]) -> str:

@@ -92,6 +92,14 @@ def _resolution(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
     return res.to_dict() if res is not None else None
 
 
+def _edge(study: Any, pick: Any, base: Any) -> list[dict[str, Any]] | None:
+    from autotune.strategy import edge_report
+
+    if pick is None or base is None or pick.number == base.number:
+        return None
+    return edge_report(study, pick) or None
+
+
 def _lossless_first(choice: Any) -> dict[str, Any] | None:
     """The faster lossy trial the pick was chosen over, and why (None: no such trial)."""
     if choice is None or choice.passed_over is None:
@@ -135,6 +143,7 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         "objectives": objectives, "platform": platform,
         "vllm_version": (base.user_attrs.get(attrs.VLLM_VERSION) if base else None) or platform.get("vllm"),
         "trials": {"finished": int(len(frame)), "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0,
+                   "pruned": int((frame["state"] == "PRUNED").sum()) if len(frame) else 0,
                    "left_out": _left_out(study)},
         "baseline": _entry(base, base, settings) if base else None,
         "best": _entry(pick, base, settings) if pick else None,
@@ -145,6 +154,8 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         "remeasured": _remeasured(study, pick, base),
         # The pick over the baseline with engine instances as the unit, and over the runner-up.
         "resolution": _resolution(study, pick, base),
+        # The pick on an edge of the space, with the forecast one step past it (no engine).
+        "edge": _edge(study, pick, base),
         # Two or more load levels: the depth per batch size, its checks, and whether it is the pick.
         "schedule": schedule,
         "warm_start": ua.get(attrs.WARM_START),

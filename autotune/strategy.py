@@ -38,6 +38,7 @@ class Step:
     params: dict[str, Any] | None
     why: str
     stop: bool = False
+    beyond: dict[str, Any] | None = None  # knob values past the space's edge, on top of ``params``
 
 
 ASK = Step(None, "the sampler's choice")
@@ -59,12 +60,43 @@ def _bad_knobs(observations: Sequence[Observation], failed: Sequence[Mapping[str
     return seen - good
 
 
+# Integer knobs whose space may end before the workload stops gaining (deeper drafts, longer lookups).
+EDGE_KNOBS = ("num_speculative_tokens", "prompt_lookup_max", "suffix_decoding_max_tree_depth")
+
+
+def edges(grid: Sequence[Candidate], params: Mapping[str, Any]) -> list[tuple[str, int, int]]:
+    """(knob, the space's top value, one step past it) for each integer knob at whose top value
+    ``params`` sits, among the grid's candidates of the same method (the step: the grid's own)."""
+    same = [c.params for c in grid if c.params.get("method") == params.get("method")]
+    out = []
+    for k in EDGE_KNOBS:
+        vals = sorted({p[k] for p in same if isinstance(p.get(k), int) and not isinstance(p.get(k), bool)})
+        if not vals or params.get(k) != vals[-1]:
+            continue
+        out.append((k, vals[-1], vals[-1] + min((b - a for a, b in zip(vals, vals[1:])), default=1)))
+    return out
+
+
+def past_the_edge(grid: Sequence[Candidate], model: Model, params: Mapping[str, Any]
+                  ) -> list[tuple[str, int, int, Forecast]]:
+    """Each edge ``params`` sits on, with the forecast one step past it (no engine: a replay)."""
+    out = []
+    for k, top, beyond in edges(grid, params):
+        f = model.forecast({**params, k: beyond})
+        if f.speedup is not None:
+            out.append((k, top, beyond, f))
+    return out
+
+
 def next_predicted(grid: Sequence[Candidate], model: Model, observations: Sequence[Observation],
-                   failed: Sequence[Mapping[str, Any]] = (), busy: Sequence[Mapping[str, Any]] = ()) -> Step:
+                   failed: Sequence[Mapping[str, Any]] = (), busy: Sequence[Mapping[str, Any]] = (),
+                   *, past_edge: bool = False) -> Step:
     """The next candidate to measure under ``predict``, or the reason to stop.
 
     ``observations``: measured candidates (the baseline among them, speedup 1); ``failed``: the
     parameters of trials that failed; ``busy``: those being measured now (other workers).
+    ``past_edge``: before stopping, measure one step past an edge of the space that the best
+    measured config sits on, where the forecast there beats it by more than the noise.
     """
     base = model.baseline
     tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy]}
@@ -108,9 +140,30 @@ def next_predicted(grid: Sequence[Candidate], model: Model, observations: Sequen
         if same_shape and k is not None and base.get(k) != v and not model.known((k, v)):
             return Step(c.params, f"{k}={v} not measured yet: tried on the best so far "
                                   f"({Candidate(best.params).label})")
+    # 4. One step past an edge of the space the best sits on, where the forecast there clears the noise.
+    for k, top_value, beyond, f in (past_the_edge(grid, model, best.params) if past_edge else []):
+        if Candidate({**best.params, k: beyond}).key() not in tried and f.speedup > bar:
+            return Step(dict(best.params), f"past the space's edge: {Candidate(best.params).label} sits at its top "
+                                           f"{k} ({top_value}); at {beyond} " + _predicted(f)
+                        + f", above the best measured {best.speedup:.2f}x by more than the noise ({noise:.0%})",
+                        beyond={k: beyond})
     top_text = f"{top.label} at most {top.hi:.2f}x" if top is not None else "none left"
     return Step(None, f"no unmeasured candidate can beat the best measured ({Candidate(best.params).label}, "
                       f"{best.speedup:.2f}x) by more than the noise ({noise:.0%}): {top_text}", stop=True)
+
+
+def hopeless(first: float, best: float, noise: float, forecast_hi: float | None) -> str | None:
+    """Why a candidate whose first window measured ``first`` (its speedup over the baseline) cannot
+    reach the best measured speedup ``best``, or None while it might: even ``noise`` twice over
+    (the spread between instances, which one window's number does not yet include) leaves it
+    below, and where there is a forecast its top says so too."""
+    if not (math.isfinite(first) and math.isfinite(best)) or first * (1 + 2 * noise) >= best:
+        return None
+    if forecast_hi is not None and forecast_hi >= best:
+        return None
+    return (f"its first window measured {first:.2f}x the baseline; with twice the noise ({noise:.0%}) it stays "
+            f"below the best measured {best:.2f}x" + (f", as its forecast's top {forecast_hi:.2f}x does"
+                                                       if forecast_hi is not None else ""))
 
 
 def _predicted(f: Forecast) -> str:
@@ -183,7 +236,7 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
     return Model(table, observations, attrs.candidate(base), share), observations, failed
 
 
-def plan(study: Any, space: Any, strategy: str, max_model_len: int | None) -> Step:
+def plan(study: Any, space: Any, strategy: str, max_model_len: int | None, *, past_edge: bool = False) -> Step:
     """The strategy's next step for a live study (after its baseline)."""
     from optuna.trial import TrialState
 
@@ -194,10 +247,36 @@ def plan(study: Any, space: Any, strategy: str, max_model_len: int | None) -> St
     if got is None:
         return ASK
     model, observations, failed = got
+    # A pruned candidate was tried (so not planned again), though no knob of it failed.
+    pruned = [attrs.candidate(t) for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+              if attrs.PRUNED_WHY in t.user_attrs]
     if strategy == "grid":
-        tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy]}
+        tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy, *pruned]}
         return next_in_grid(space.grid(), tried)
-    return next_predicted(space.grid(), model, observations, failed, busy)
+    return next_predicted(space.grid(), model, observations, failed, [*busy, *pruned], past_edge=past_edge)
+
+
+def edge_report(study: Any, pick: Any) -> list[dict[str, Any]] | None:
+    """The pick on an edge of the study's space (its recorded one), with the forecast one step past
+    it beside the pick's own forecast: whether widening the space could pay. None: no space, no
+    baseline, or no pick."""
+    from autotune.space import reload_space
+
+    resolved = study.user_attrs.get(attrs.SPACE_RESOLVED)
+    if pick is None or not resolved:
+        return None
+    try:
+        space = reload_space(resolved)
+    except Exception:  # noqa: BLE001 - a space this build cannot rebuild: no edge report
+        return None
+    got = study_model(study, space, study.user_attrs.get(attrs.MAX_MODEL_LEN))
+    if got is None:
+        return None
+    model, _, _ = got
+    params = attrs.candidate(pick)
+    own = model.forecast(params)
+    return [{"knob": k, "top": top, "beyond": beyond, "forecast": f.speedup, "lo": f.lo, "hi": f.hi,
+             "pick_forecast": own.speedup} for k, top, beyond, f in past_the_edge(space.grid(), model, params)]
 
 
 def forecast_for(study: Any, space: Any, params: Mapping[str, Any], max_model_len: int | None) -> Forecast | None:

@@ -16,6 +16,7 @@ import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -36,7 +37,7 @@ from autotune.schedule import SCHEDULE_KEY, scheduled_trial
 from autotune.schedule import next_step as schedule_step
 from autotune.strategy import forecast_for, needs_trace, plan, trace_draft
 from autotune.storage import dead_here, has_heartbeat, open_storage, worker_id
-from autotune.worker import TrialOutcome, explain, run_trial
+from autotune.worker import PRUNED, TrialOutcome, explain, run_trial
 from autotune.workload import Workload
 
 __all__ = ["BASELINE", "DEPLOYED", "StudyConfig", "baseline_trial", "open_study", "run_study", "trial_dir",
@@ -90,9 +91,11 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
 
 
 def _counts(t: FrozenTrial) -> bool:
-    """A trial that used up budget: measured or failed on its own, not a duplicate, not interrupted."""
-    return (t.state in (TrialState.COMPLETE, TrialState.FAIL) and attrs.DUPLICATE_OF not in t.user_attrs
-            and not t.user_attrs.get(attrs.INTERRUPTED))
+    """A trial that used up budget: measured, failed or pruned (an engine ran) on its own, not a
+    duplicate, not interrupted."""
+    return ((t.state in (TrialState.COMPLETE, TrialState.FAIL)
+             or (t.state == TrialState.PRUNED and attrs.PRUNED_WHY in t.user_attrs))
+            and attrs.DUPLICATE_OF not in t.user_attrs and not t.user_attrs.get(attrs.INTERRUPTED))
 
 
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
@@ -286,14 +289,15 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             if needs_trace(space, cfg.settings) and (failure := trace_draft(study, space, cfg, env, cfg.results_dir)):
                 progress.note(f"draft trace failed: {failure}; draft_model candidates are measured without a "
                               f"forecast (worker log: {cfg.results_dir / 'draft-trace' / 'worker.log'})")
-            step = plan(study, space, cfg.strategy, cfg.settings.max_model_len)
+            step = plan(study, space, cfg.strategy, cfg.settings.max_model_len, past_edge=cfg.past_edge)
             if step.stop:
                 study.set_user_attr(attrs.STOPPED, step.why)
                 if _extra_work(study, space, cfg):
                     continue
                 return
             if step.params is not None:
-                study.enqueue_trial(step.params, user_attrs={attrs.PLANNED: step.why})
+                study.enqueue_trial(step.params, user_attrs={attrs.PLANNED: step.why,
+                                                             **({attrs.PAST_EDGE: step.beyond} if step.beyond else {})})
         asks += 1
         trial = study.ask()
         trial.set_user_attr(attrs.WORKER, worker_id(thread))
@@ -308,6 +312,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         cand = space.baseline_candidate() if is_base else space.suggest(trial)
         if attrs.SCHEDULE_RANGES in trial.user_attrs:  # not an Optuna parameter: a list
             cand = Candidate({**cand.params, SCHEDULE_KEY: trial.user_attrs[attrs.SCHEDULE_RANGES]})
+        if attrs.PAST_EDGE in trial.user_attrs:  # outside the space's distributions, so not an Optuna parameter
+            cand = Candidate({**cand.params, **trial.user_attrs[attrs.PAST_EDGE]})
         trial.set_user_attr(attrs.CANDIDATE, cand.params)
         trial.set_user_attr(attrs.LABEL, cand.label)
         if spent and _leave_out(study, trial, cand, cfg, progress):
@@ -417,8 +423,10 @@ def _queue_remeasure(study: optuna.Study, pairs: int = 1) -> bool:
     order = (chosen, base) if rounds % 2 == 0 else (base, chosen)
     for t in order:
         params = attrs.candidate(t)  # the baseline has no Optuna params
-        study.enqueue_trial(_optuna_params(params),
-                            user_attrs={attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: t.number, **_ranges_attr(params)})
+        beyond = t.user_attrs.get(attrs.PAST_EDGE)  # past the space's edge: Optuna gets the in-space values
+        study.enqueue_trial({**_optuna_params(params), **{k: t.params[k] for k in beyond or {} if k in t.params}},
+                            user_attrs={attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: t.number, **_ranges_attr(params),
+                                        **({attrs.PAST_EDGE: beyond} if beyond else {})})
     return True
 
 
@@ -453,7 +461,8 @@ def _duplicate(study: optuna.Study, cand: Candidate, number: int, is_base: bool)
     if is_base:
         return _other_baseline(study, number)
     key = cand.key()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)):
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING,
+                                                      TrialState.PRUNED)):
         if t.number != number and (_counts(t) or t.state == TrialState.RUNNING) and \
                 Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() == key:
             return t.number
@@ -499,21 +508,65 @@ def _run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload
         trial.set_user_attr(attrs.PREDICTED, forecast.to_dict())
     job = trial_job(cand, workload, cfg, reference)
     trial.set_user_attr(attrs.DEVICES, env)
+    prune, why = threading.Event(), []
+    judge = _pruner(study, cfg, cand, trial, forecast, is_base)
+
+    def on_event(e: dict[str, Any]) -> None:
+        progress.trial_event(n, e)
+        if judge is not None and e.get("phase") == "window_done" and e.get("window") == 1 and not prune.is_set():
+            reason = judge(float(e.get("output_tok_s", float("nan"))))
+            if reason:
+                why.append(reason)
+                prune.set()
+
     try:
         # Heartbeats (RDB storages) tell other workers this trial is alive; Optuna's own thread does it.
         with heartbeat(study, trial):
             outcome = run_trial(job, trial_dir(cfg.results_dir, n), timeout_s=cfg.trial_timeout_s, env=env,
-                                stop=stop, on_event=lambda e: progress.trial_event(n, e))
+                                stop=stop, on_event=on_event, prune=prune)
     except KeyboardInterrupt:
         _mark_interrupted(study, trial, "interrupted by the user")  # --resume measures it again
         raise
     trial.set_user_attr(attrs.WALL_S, round(outcome.wall_s, 2))
+    if outcome.failure == PRUNED and why:  # stopped after its first window: recorded with the reason
+        trial.set_user_attr(attrs.PRUNED_WHY, why[0])
+        study.tell(trial, state=TrialState.PRUNED)
+        progress.trial_finished(n, cand.label, f"pruned after its first window: {why[0]}")
+        return
     summary = _record(study, trial, cand, outcome, job, cfg, reference)
     if attrs.REMEASURE_OF in trial.user_attrs:
         summary = f"fresh engine, pooled with trial {trial.user_attrs[attrs.REMEASURE_OF]}: {summary}"
     if forecast is not None:
         summary += "; " + _against(study, trial.number, forecast)
     progress.trial_finished(n, cand.label, summary)
+
+
+def _pruner(study: optuna.Study, cfg: StudyConfig, cand: Candidate, trial: optuna.Trial, forecast: Forecast | None,
+            is_base: bool) -> Callable[[float], str | None] | None:
+    """For a candidate the study may stop early (``--prune``): a function of its first window's
+    throughput that says why it cannot reach the best measured config (autotune.strategy.hopeless),
+    or None. Not for the baseline, re-measurements, a depth schedule's or a deployed config's trials,
+    studies with several load levels (a config slow at one may win at another), or a first objective
+    other than throughput."""
+    from autotune.pareto import reference_trial
+    from autotune.strategy import NOISE_MIN, hopeless, study_model
+
+    if not cfg.prune or is_base or cfg.extra_loads or cfg.objectives[0] != "output_tok_s" \
+            or attrs.role(trial) is not None or SCHEDULE_KEY in cand.params:
+        return None
+    got = study_model(study, None, cfg.settings.max_model_len)
+    base = reference_trial(study)
+    if got is None or base is None or not attrs.measurement(base).get("output_tok_s"):
+        return None
+    model, observations, _ = got
+    feasible = [o for o in observations if o.feasible]
+    best = max(feasible, key=lambda o: o.speedup) if feasible else None
+    if best is None or best.speedup <= 1.0:
+        return None  # nothing beats the baseline yet: every candidate may
+    noise = max(NOISE_MIN, best.rel_sd(model.noise))
+    base_tok_s = float(attrs.measurement(base)["output_tok_s"])
+    hi = forecast.hi if forecast is not None and forecast.speedup is not None else None
+    return lambda tok_s: hopeless(tok_s / base_tok_s, best.speedup, noise, hi)
 
 
 def _against(study: optuna.Study, number: int, forecast: Forecast) -> str:

@@ -93,19 +93,24 @@ def _end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         return
 
 
+PRUNED = "pruned"  # TrialOutcome.failure of a trial its caller stopped early (``prune``)
+
+
 def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | None = None,
               python: str = sys.executable, env: dict[str, str] | None = None,
-              stop: threading.Event | None = None) -> TrialOutcome:
+              stop: threading.Event | None = None, prune: threading.Event | None = None) -> TrialOutcome:
     """Run ``job`` in a fresh worker process under a time limit; never raises for a bad candidate.
 
     ``env``: extra environment for the worker (its device set). ``stop``: set by another thread to
-    end the worker, which then raises KeyboardInterrupt here as Ctrl-C would.
+    end the worker, which then raises KeyboardInterrupt here as Ctrl-C would. ``prune``: set (by an
+    ``on_event`` callback that has seen enough) to end the worker and return ``PRUNED`` as the failure.
     A job with an ``unspeculated`` reference (a lossy config with speculation) runs that job next,
     in a fresh process of its own under the same limit (``UNSPECULATED_DIR``), and the raw run
     carries its outputs and draws (``unspeculated``), or why it gave none: what the verdict
     judges the speculation against (autotune.validate).
     """
-    outcome = _run_process(job, workdir, timeout_s=timeout_s, on_event=on_event, python=python, env=env, stop=stop)
+    outcome = _run_process(job, workdir, timeout_s=timeout_s, on_event=on_event, python=python, env=env, stop=stop,
+                           prune=prune)
     twin = job.get("unspeculated")
     if twin is None or outcome.raw is None:
         return outcome
@@ -120,7 +125,8 @@ def run_trial(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | 
 
 
 def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent | None, python: str,
-                 env: dict[str, str] | None, stop: threading.Event | None) -> TrialOutcome:
+                 env: dict[str, str] | None, stop: threading.Event | None,
+                 prune: threading.Event | None = None) -> TrialOutcome:
     """One worker process for ``job`` (``run_trial``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, result_path = workdir / "job.json", workdir / "result.json"
@@ -141,6 +147,9 @@ def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent
                 if stop is not None and stop.is_set():
                     raise KeyboardInterrupt
                 seen = _pump(events_path, seen, on_event)
+                if prune is not None and prune.is_set():
+                    failure = PRUNED
+                    break
                 if time.monotonic() - t0 > timeout_s:
                     failure = f"timeout: no result after {timeout_s:.0f}s (worker ended)"
                     break

@@ -14,6 +14,7 @@ no fresh server gives. So the second window equals the same forecast too, exactl
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -91,3 +92,32 @@ def test_forecast_equals_vllms_counters_window_by_window(runs):
     # twice over accepts more in its second pass, which is what the reset keeps out.
     both = suffix_acceptance(pairs, windows=2, **knobs)
     assert both.accepted - first.accepted > first.accepted
+
+
+def test_forecast_equals_vllms_counters_on_a_fresh_generated_workload(tmp_path):
+    """Held-out corpus prompts of every domain (edits, logs, support chats) made here, not the
+    workload the forecast was developed on: the replay still gives vLLM's counters exactly."""
+    from autotune.demo.corpus import fresh_examples
+
+    rows = [{"id": f"fresh-{i}", "prompt": e.prompt, "max_tokens": 96, "temperature": 0.0}
+            for i, e in enumerate(fresh_examples(REQUESTS, seed=4242))]
+    (tmp_path / "fresh.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wl = load_workload(str(tmp_path / "fresh.jsonl"))
+    cfg = StudyConfig(name="suffix-fresh", results_dir=tmp_path, repeats=1, warmup=0, samples=0,
+                      settings=Settings(model=str(demo.TARGET), dtype=demo.DTYPE, max_model_len=demo.MAX_MODEL_LEN,
+                                        gpu_memory_utilization=0.3))
+    raw = {}
+    for name, params in (("baseline", {"method": "none", "enforce_eager": True}), ("suffix", SUFFIX)):
+        got = run_trial(trial_job(Candidate(params), wl, cfg), tmp_path / name, timeout_s=600)
+        assert got.raw is not None, got.failure
+        raw[name] = got.raw
+    recs = raw["baseline"]["windows"][0]["requests"]
+    assert {r["id"]: r["token_ids"] for r in raw["suffix"]["windows"][0]["requests"]} == \
+        {r["id"]: r["token_ids"] for r in recs}  # lossless
+    k = SUFFIX["num_speculative_tokens"]
+    said = suffix_acceptance([(r["prompt_token_ids"], r["token_ids"]) for r in recs], k=k,
+                             max_model_len=demo.MAX_MODEL_LEN, max_tree_depth=SUFFIX["suffix_decoding_max_tree_depth"],
+                             max_spec_factor=SUFFIX["suffix_decoding_max_spec_factor"],
+                             min_token_prob=SUFFIX["suffix_decoding_min_token_prob"])
+    assert said.drafts > 0
+    assert _counters(raw["suffix"]["windows"][0]) == _said(said, k)

@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from autotune.config import Settings, StudyConfig
 from autotune.evaluate import CONSTRAINTS, Evaluation, Reference
-from autotune.metrics import instances_of, paired_interval, pool, ratio_interval
+from autotune.metrics import instances_of, paired_interval, pool
 from autotune.resolution import resolve
 from autotune.results import write_results
 from autotune.slo import parse_slos
