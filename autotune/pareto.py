@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import attrs
 from autotune.attrs import DEPLOYED
 from autotune.candidate import Candidate
-from autotune.metrics import ratio_interval
+from autotune.metrics import instances_of, paired_interval, ratio_interval
 from autotune.objectives import windows_key
 from autotune.study import baseline_trial
 
@@ -160,11 +160,24 @@ def deployed_trial(study: optuna.Study) -> FrozenTrial | None:
 
 def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
     """Ratios to the baseline, each > 1 when the candidate is better; the throughput ratio with its
-    95% bootstrap interval over the measured windows (``output_tok_s_lo`` .. ``_hi``)."""
+    95% bootstrap interval over the measured windows (``output_tok_s_lo`` .. ``_hi``).
+
+    Where both were measured on fresh engines in rounds (the pick and the baseline), the throughput
+    ratio is that of the pairs measured side by side (autotune.metrics.paired_interval), engine
+    instances the unit: pooling every baseline instance instead would let the machine's drift over
+    the study into the ratio (the baseline's first engine runs minutes before the pick's). The
+    pooled ratio stays as ``output_tok_s_pooled``."""
     def ratio(a: float, b: float) -> float:
         return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
     lo, hi = ratio_interval(m.get("output_tok_s_windows", []), base.get("output_tok_s_windows", []))
-    out = {"output_tok_s": ratio(m["output_tok_s"], base["output_tok_s"]),
+    point = ratio(m["output_tok_s"], base["output_tok_s"])
+    paired = {}
+    if len(instances_of(m)) > 1 and len(instances_of(base)) > 1:
+        r, p_lo, p_hi, pairs = paired_interval(instances_of(m), instances_of(base))
+        if pairs and math.isfinite(r):
+            paired = {"output_tok_s_pooled": point, "output_tok_s_pairs": pairs}
+            point, lo, hi = r, p_lo, p_hi
+    out = {"output_tok_s": point, **paired,
            "output_tok_s_lo": lo, "output_tok_s_hi": hi,
            "e2e_ms_p50": ratio(base["e2e_ms_p50"], m["e2e_ms_p50"]),
            "tpot_ms_p50": ratio(base["tpot_ms_p50"], m["tpot_ms_p50"])}

@@ -130,7 +130,9 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
         b = report["best"]
         say.print(f"best: trial {b['trial']} [b]{b['label']}[/b] at "
                       f"{b['speedup']['output_tok_s']:.2f}x{_interval(b['speedup'])} the baseline's output tok/s "
-                      f"(95% bootstrap interval over windows); verdict {b['verdict']['reason']}",
+                      + (f"(95% interval over {b['speedup']['output_tok_s_pairs']} pairs of fresh engine instances "
+                         f"measured side by side)" if b["speedup"].get("output_tok_s_pairs")
+                         else "(95% bootstrap interval over windows)") + f"; verdict {b['verdict']['reason']}",
                       highlight=False, soft_wrap=True)
         if report.get("lossless_first"):
             say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)

@@ -56,12 +56,42 @@ def run_once(i: int, root: Path, extra: list[str]) -> dict[str, Any]:
             "trials": r.get("trials"), "log": f"run{i}.log"}
 
 
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Same pick (or within the stated resolution)? claimed/served inside 1 +- AGREE in every run?
+    Both for the claim best.json states and for the pick over the baseline on paired instances
+    alone (``resolution``: the claim since pairs are the unit; before, the pooled ratio)."""
+    ok = [r for r in runs if "failure" not in r]
+    picks = [r["pick"] for r in ok]
+    ratios = [r["claimed_over_served"] for r in ok if r["claimed_over_served"]]
+    paired = [(r["resolution"] or {}).get("speedup") / r["served"] for r in ok
+              if r.get("served") and (r.get("resolution") or {}).get("speedup")]
+    # Picks that differ are "within the resolution" when their served speedups lie within the
+    # widest resolution the runs stated (the study could not tell them apart).
+    widest = max((r["resolution"] or {}).get("resolution") or 0.0 for r in ok) if ok else 0.0
+    served = [r["served"] for r in ok if r["served"]]
+    return {"runs": len(runs), "completed": len(ok), "same_pick": len(set(picks)) == 1 and len(ok) == len(runs),
+            "picks": picks, "served_spread": (max(served) / min(served) - 1) if served else None,
+            "widest_resolution": widest,
+            "picks_within_resolution": bool(served) and (max(served) / min(served) - 1) <= widest,
+            "claimed_over_served": ratios,
+            "agree_in_all": len(ratios) == len(runs) and all(abs(x - 1) <= AGREE for x in ratios),
+            "paired_over_served": paired,
+            "paired_agree_in_all": len(paired) == len(runs) and all(abs(x - 1) <= AGREE for x in paired)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/data/pick_stability.json")
+    ap.add_argument("--summarize", metavar="FILE", help="recompute the summary of a saved output and save it back")
     ap.add_argument("extra", nargs="*", help="more `autotune search` arguments (after --)")
     args = ap.parse_args()
+    if args.summarize:
+        saved = json.loads(Path(args.summarize).read_text())
+        saved["summary"] = summarize(saved["runs"])
+        Path(args.summarize).write_text(json.dumps(saved, indent=2) + "\n")
+        print(json.dumps(saved["summary"], indent=2))
+        return
     root = Path(tempfile.mkdtemp(prefix="pick_stability-"))
     runs = []
     for i in range(1, args.runs + 1):
@@ -73,19 +103,7 @@ def main() -> None:
         print(f"run {i}: {r['wall_s'] / 60:.1f} min, pick {r['pick']}, claimed {r['claimed']:.2f}x "
               f"[{r['claimed_lo']:.2f}-{r['claimed_hi']:.2f}], served {r['served']:.2f}x, claimed/served "
               f"{r['claimed_over_served']:.3f}, baseline {r['baseline_tok_s']:.1f} tok/s", flush=True)
-    ok = [r for r in runs if "failure" not in r]
-    picks = [r["pick"] for r in ok]
-    ratios = [r["claimed_over_served"] for r in ok if r["claimed_over_served"]]
-    # Picks that differ are "within the resolution" when each pick's served speedup lies inside the
-    # widest resolution the runs stated of the others' (the study could not tell them apart).
-    widest = max((r["resolution"] or {}).get("resolution") or 0.0 for r in ok) if ok else 0.0
-    served = [r["served"] for r in ok if r["served"]]
-    within = bool(served) and (max(served) / min(served) - 1) <= widest
-    summary = {"runs": len(runs), "completed": len(ok), "same_pick": len(set(picks)) == 1 and len(ok) == len(runs),
-               "picks": picks, "served_spread": (max(served) / min(served) - 1) if served else None,
-               "widest_resolution": widest, "picks_within_resolution": within,
-               "claimed_over_served": ratios,
-               "agree_in_all": len(ratios) == len(runs) and all(abs(x - 1) <= AGREE for x in ratios)}
+    summary = summarize(runs)
     print(json.dumps(summary, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),

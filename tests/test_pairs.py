@@ -149,3 +149,22 @@ def test_rounds_of_fresh_engines_are_added_until_the_pick_is_decided(tmp_path, f
     assert res["pairs"] == rounds + 1 and res["decided"] == (engine == "fake_engine")
     assert math.isfinite(res["resolution"]) and res["lo"] <= res["speedup"] <= res["hi"]
     assert report["remeasured"]["trial"] == 1  # the pick's first engine, however many rounds followed
+
+
+def test_the_claimed_speedup_rests_on_the_pairs_measured_side_by_side():
+    """The baseline's first engine runs minutes before the pick's (trial 0): where the machine
+    drifts in between, pooling every baseline instance pulls the ratio; the pairs do not."""
+    from autotune.pareto import speedup
+
+    base = {"output_tok_s": 200.0, "e2e_ms_p50": 100.0, "tpot_ms_p50": 2.0,
+            "output_tok_s_windows": [200.0, 200.0, 200.0, 200.0, 400.0, 400.0],
+            "output_tok_s_instances": [[200.0, 200.0], [200.0, 200.0], [400.0, 400.0]]}
+    pick = {"output_tok_s": 800.0, "e2e_ms_p50": 50.0, "tpot_ms_p50": 1.0,
+            "output_tok_s_windows": [800.0, 800.0, 800.0, 800.0],
+            "output_tok_s_instances": [[800.0, 800.0], [800.0, 800.0]]}
+    s = speedup(pick, base)
+    assert s["output_tok_s_pooled"] == pytest.approx(4.0)  # 800 over the median of every baseline window
+    assert s["output_tok_s"] == pytest.approx(800 / 300) and s["output_tok_s_pairs"] == 2  # the last two pairs
+    assert s["output_tok_s_lo"] <= s["output_tok_s"] <= s["output_tok_s_hi"]
+    one = speedup({**pick, "output_tok_s_instances": [[800.0, 800.0]]}, base)  # never re-measured: windows
+    assert one["output_tok_s"] == pytest.approx(4.0) and "output_tok_s_pairs" not in one
