@@ -57,6 +57,7 @@ def record(i: int, r: dict[str, Any], wall: float | None) -> dict[str, Any]:
             "claimed_over_served": claimed / served if claimed and served else None,
             "served_vs_claimed": r.get("served_vs_claimed"), "resolution": r.get("resolution"),
             "baseline_tok_s": ((r.get("baseline") or {}).get("measurement") or {}).get("output_tok_s"),
+            "confirm_ready_s": [p.get("ready_s") for p in sv.get("per_round") or []],
             "trials": r.get("trials"), "log": f"run{i}.log"}
 
 
