@@ -262,9 +262,11 @@ def edge_report(study: Any, pick: Any) -> list[dict[str, Any]] | None:
     baseline, or no pick."""
     from autotune.space import reload_space
 
+    from autotune.pareto import is_schedule
+
     resolved = study.user_attrs.get(attrs.SPACE_RESOLVED)
-    if pick is None or not resolved:
-        return None
+    if pick is None or not resolved or is_schedule(pick):
+        return None  # a depth schedule's pick has no single depth to look past
     try:
         space = reload_space(resolved)
     except Exception:  # noqa: BLE001 - a space this build cannot rebuild: no edge report
