@@ -12,6 +12,7 @@ from typing import Any
 # Trial attributes.
 ROLE = "role"  # BASELINE, DEPLOYED, EXTRA_BASELINE, REMEASURE, DEPTH, SCHEDULE or absent (a candidate)
 SCHEDULE_RANGES = "schedule_ranges"  # a schedule trial's [first, last, k] ranges
+ASKED = "asked"  # a config the user asked for (--try): measured whole, never pruned
 PRUNED_WHY = "pruned"  # why the study stopped this trial after its first window (a hopeless candidate)
 PAST_EDGE = "past_edge"  # {knob: value} beyond the space that a planned trial measures (not an Optuna parameter)
 EDGE = "edge"  # the pick on an edge of the space, with the forecast one step past it (autotune.strategy.edge_report)

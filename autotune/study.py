@@ -228,7 +228,8 @@ def _enqueue(study: optuna.Study, space: SearchSpace, enqueue: list[dict[str, An
     if deployed is not None and not any(attrs.role(t) == DEPLOYED for t in study.get_trials(deepcopy=False)):
         study.enqueue_trial(_optuna_params(deployed), user_attrs={attrs.ROLE: DEPLOYED, **_ranges_attr(deployed)})
     for params in enqueue:
-        study.enqueue_trial(_optuna_params(params), user_attrs=_ranges_attr(params) or None, skip_if_exists=True)
+        study.enqueue_trial(_optuna_params(params), user_attrs={attrs.ASKED: True, **_ranges_attr(params)},
+                            skip_if_exists=True)
 
 
 def _threads(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
@@ -546,14 +547,14 @@ def _pruner(study: optuna.Study, cfg: StudyConfig, cand: Candidate, trial: optun
     """For a candidate the study may stop early (``--prune``): a function of its first window's
     throughput that says why it cannot reach the best measured config (autotune.strategy.hopeless),
     or None. Not for the baseline, re-measurements, a depth schedule's or a deployed config's trials,
-    studies with several load levels (a config slow at one may win at another), or a first objective
-    other than throughput."""
+    studies with several load levels (a config slow at one may win at another), a first objective
+    other than throughput, or a config the user asked for (--try)."""
     from autotune.pareto import reference_trial
     from autotune.strategy import NOISE_MIN, hopeless, study_model
 
     if not cfg.prune or is_base or cfg.extra_loads or cfg.objectives[0] != "output_tok_s" \
-            or attrs.role(trial) is not None or SCHEDULE_KEY in cand.params:
-        return None
+            or attrs.role(trial) is not None or SCHEDULE_KEY in cand.params or trial.user_attrs.get(attrs.ASKED):
+        return None  # a config the user asked for (--try) is measured whole
     got = study_model(study, None, cfg.settings.max_model_len)
     base = reference_trial(study)
     if got is None or base is None or not attrs.measurement(base).get("output_tok_s"):
