@@ -135,11 +135,14 @@ def _nan_none(x: float) -> float | None:
     return x if _finite(x) else None
 
 
-def _same_run(name: str, dirn: str, pick: dict[str, Any], dep: dict[str, Any], tol: float) -> ObjectiveChange | None:
+def _same_run(name: str, dirn: str, pick: dict[str, Any], dep: dict[str, Any], tol: float,
+              same_trial: bool = False) -> ObjectiveChange | None:
     n, d = pick.get(name), dep.get(name)
     if not _finite(n, d) or n <= 0 or d <= 0:
         return None
     r = _oriented(n, d, dirn)
+    if same_trial:  # the new pick is the deployed config's own re-measurement: one record, no uncertainty
+        return ObjectiveChange(name, dirn, d, n, r, 1.0, 1.0, decide(r, 1.0, 1.0, tol))
     nw, dw = pick.get(windows_key(name)) or [], dep.get(windows_key(name)) or []
     lo, hi = ratio_interval(nw, dw) if dirn == "maximize" else ratio_interval(dw, nw)
     lo, hi = _nan_none(lo), _nan_none(hi)
@@ -244,8 +247,9 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
                 c = ObjectiveChange(name, dirn, served.old, served.new, served.ratio, served.ratio_lo,
                                     served.ratio_hi, decide(served.ratio, served.ratio_lo, served.ratio_hi, tolerance))
             else:
-                c = (_same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance) if dep is not None
-                     else _two_runs(name, dirn, new, old, tolerance))
+                c = (_same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance,
+                               same_trial=nb.get("trial") is not None and nb.get("trial") == dep.get("trial"))
+                     if dep is not None else _two_runs(name, dirn, new, old, tolerance))
             if c is None:
                 notes.append(f"{name}: not measured on both sides, not compared")
                 continue

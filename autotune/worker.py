@@ -85,11 +85,17 @@ def _end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             continue
-        # The leader exited; stragglers of the group (engine core) still get the signal.
+        # The leader exited; stragglers of the group (engine core) still get the signal, and are
+        # waited for: a caller that looks right after must find nothing of the group left.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
+            return
+        from autotune.servers import group_alive
+
+        deadline = time.monotonic() + 5.0
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return
 
 

@@ -31,6 +31,8 @@ def with_speedup(e, base):
 
 
 def report(best, *, base=(100, 200), deployed=None, vllm="0.32.0"):
+    if deployed is not None and deployed is not best and "measurement" in deployed:
+        deployed = {**deployed, "trial": 99}  # another trial than the pick's (the same object: the same trial)
     b = entry(*base, label="none", method="none")
     return {"schema_version": 1, "objectives": OBJECTIVES, "vllm_version": vllm, "platform": {"platform": "cpu"},
             "workload": "w.jsonl", "load": "concurrency=1", "baseline": with_speedup(b, b),
@@ -252,3 +254,15 @@ def test_a_pareto_config_that_holds_every_objective_is_named():
     other["measurement"]["e2e_ms_p50_windows"] = [160, 160]
     r = compare(new, report(entry(140, 130)), tolerance=0.05)
     assert not any("holds every objective" in n for n in r.notes)
+
+
+def test_a_pick_that_is_the_deployed_configs_own_re_measurement_is_no_change():
+    """Warm-started, the new pick can be the very trial that re-measured the deployed config: one
+    record compared with itself is ratio 1 with no uncertainty, not a bootstrap of it against itself
+    (which straddled 0.95 and said 'cannot tell' on the real engine)."""
+    same = entry(150, 130, spread=0.08)
+    r = compare(report(same, deployed=same), report(entry(150, 130)), tolerance=0.05)
+    assert r.status == OK and all((c.ratio, c.lo, c.hi) == (1.0, 1.0, 1.0) for c in r.objectives)
+    other = dict(entry(150, 130, spread=0.08), trial=2)  # the same numbers from another trial: windows decide
+    r = compare(report(other, deployed=same), report(entry(150, 130)), tolerance=0.05)
+    assert r.status == UNDECIDED

@@ -388,7 +388,7 @@ def test_real_engine_confirms_a_short_studys_pick(study_dir, tmp_path):
     assert served["order"] == ["baseline", "pick"] and served["vllm_version"] == report["vllm_version"]
     for side in c.SIDES:
         data = json.loads((d / "confirm" / f"round-1-{side}.json").read_text())
-        assert data["completed"] == 6 and data["failed"] == 0 and data["output_throughput"] > 0
+        assert data["completed"] == 32 and data["failed"] == 0 and data["output_throughput"] > 0  # json_edit
         assert "Application startup complete" in (d / "confirm" / f"round-1-{side}.log").read_text()
     # vLLM's own counters, through the server: the pick speculated, the baseline did not
     assert 0 < served["pick"]["acceptance_rate"] <= 1 and served["baseline"]["acceptance_rate"] is None

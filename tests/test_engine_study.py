@@ -63,10 +63,14 @@ def test_the_pick_and_the_baseline_are_measured_again_on_fresh_engines(study_dir
     m = report["best"]["measurement"]
     assert m["instances"] == 2 and m["windows"] == again.loc[report["best"]["trial"], "windows"] > first["windows"]
     assert report["baseline"]["measurement"]["instances"] == 2 and report["baseline"]["trial"] in again.index
-    # The pick's interval is the pooled one, and best.json says what one engine alone gave.
-    s = report["best"]["speedup"]
-    assert report["remeasured"]["interval_fresh_engines"] == pytest.approx([s["output_tok_s_lo"], s["output_tok_s_hi"]])
+    # The pick's claim rests on the two pairs of instances measured side by side (the resolution's),
+    # and best.json says what one engine alone and every window pooled gave.
+    s, res = report["best"]["speedup"], report["resolution"]
+    assert s["output_tok_s_pairs"] == res["pairs"] == 2
+    assert [s["output_tok_s"], s["output_tok_s_lo"], s["output_tok_s_hi"]] == pytest.approx(
+        [res["speedup"], res["lo"], res["hi"]])
     assert len(report["remeasured"]["interval_one_engine"]) == 2 and report["remeasured"]["widening"] > 0
+    assert len(report["remeasured"]["interval_fresh_engines"]) == 2 and s["output_tok_s_pooled"] > 1
 
 
 def test_second_load_level_and_noisy_candidates_remeasured(study_dir):
@@ -194,7 +198,7 @@ def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
     pick against that re-measurement, in one run, at the default 5% tolerance."""
     old = load_report(study_dir)
     runner = CliRunner()
-    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space.yaml",
+    r = runner.invoke(app, ["search", "examples/json_edit.jsonl", "--space", "tests/data/engine_space.yaml",
                             "--trials", "2", "--results", str(tmp_path), "--study", "nightly",
                             "--warm-start", str(study_dir), "--no-remeasure"])
     assert r.exit_code == 0, r.output
@@ -221,7 +225,7 @@ def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
     gain = old["best"]["speedup"]["output_tok_s"]
     assert gain > 1, old["best"]["speedup"]
     tolerance = f"{(1 - 1 / gain) / 2:.4%}"
-    r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/engine_space_nospec.yaml",
+    r = runner.invoke(app, ["search", "examples/json_edit.jsonl", "--space", "tests/data/engine_space_nospec.yaml",
                             "--trials", "1", "--results", str(tmp_path), "--study", "nospec",
                             "--warm-start", str(study_dir), "--no-remeasure"])
     assert r.exit_code == 0, r.output
