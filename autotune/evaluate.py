@@ -120,6 +120,12 @@ def measure(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Study
     return m
 
 
+def slo_constraints(m: Measurement, cfg: StudyConfig) -> tuple[dict[str, float], list[str]]:
+    """Each SLO as an Optuna constraint on measurement ``m`` (``slo:TEXT``, <= 0 met), and the SLOs missed."""
+    constraints = {f"slo:{slo.text}": slo.violation(m[slo.metric]) for slo in cfg.slos}
+    return constraints, [slo.text for slo in cfg.slos if constraints[f"slo:{slo.text}"] > 0]
+
+
 def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: StudyConfig,
              reference: Reference | None) -> Evaluation:
     """Measure and judge one raw run (``reference`` None: this is the baseline)."""
@@ -134,10 +140,8 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
                 tol=cfg.tolerances, samples=raw.get("samples"), base_samples=None if base is None else base.samples,
                 scores=raw.get("scores"), base_scores=None if base is None else base.scores,
                 speculative=cand.method != "none", unspeculated=_unspeculated(raw))
-    constraints = dict(zip(CONSTRAINTS, v.constraints))
-    for slo in cfg.slos:
-        constraints[f"slo:{slo.text}"] = slo.violation(m[slo.metric])
-    missed = [slo.text for slo in cfg.slos if constraints[f"slo:{slo.text}"] > 0]
+    slos, missed = slo_constraints(m, cfg)
+    constraints = {**dict(zip(CONSTRAINTS, v.constraints)), **slos}
     values = [m[o] for o in cfg.objectives]
     failure = None
     if m["incomplete"]:

@@ -27,7 +27,7 @@ from autotune.attrs import BASELINE, DEPLOYED
 from autotune.candidate import Candidate
 from autotune.config import Progress, Quiet, StudyConfig
 from autotune.errors import BadInput, StudyFailed
-from autotune.evaluate import CONSTRAINTS, Evaluation, Reference, evaluate, trial_job
+from autotune.evaluate import CONSTRAINTS, Evaluation, Reference, evaluate, slo_constraints, trial_job
 from autotune.forecast import Forecast
 from autotune.metrics import instances_of, pool
 from autotune.objectives import validate_objectives
@@ -591,10 +591,8 @@ def _pooled(ev: Evaluation, before: FrozenTrial, cfg: StudyConfig) -> Evaluation
     earlier = dict(zip(CONSTRAINTS, attrs.verdict(before).get("constraints") or ()))
     for key, value in earlier.items():
         constraints[key] = max(constraints.get(key, value), value)
-    for slo in cfg.slos:
-        constraints[f"slo:{slo.text}"] = slo.violation(m[slo.metric])
-    missed = [slo.text for slo in cfg.slos if constraints[f"slo:{slo.text}"] > 0]
-    return replace(ev, measurement=m, values=[m[o] for o in cfg.objectives], constraints=constraints,
+    slos, missed = slo_constraints(m, cfg)
+    return replace(ev, measurement=m, values=[m[o] for o in cfg.objectives], constraints={**constraints, **slos},
                    slo_missed=missed)
 
 

@@ -24,6 +24,7 @@ from autotune.deployed import Band, Deployed
 from autotune.errors import BadInput
 from autotune.forecast import Forecast
 from autotune.live import Scrape, Window, fetch_metrics, parse_scrape, window
+from autotune.results import _clean  # JSON without NaN (as confirm writes it)
 
 LOAD_TOLERANCE = 0.5  # requests in flight beyond the measured levels by more than half: another batch size
 OK, DRIFT, IDLE = "ok", "drift", "idle"
@@ -120,16 +121,6 @@ def _text(m: Moved, moved: bool) -> str:
     if not moved:
         return f"{m.metric} {_f(m.live)} (study {_f(m.lo)}-{_f(m.hi)})"
     return f"{m.metric} {_f(m.study)} -> {_f(m.live)} ({m.change:+.0%}, outside {_f(m.lo)}-{_f(m.hi)})"
-
-
-def _clean(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
 
 
 def judge(d: Deployed, w: Window) -> Verdict:

@@ -57,8 +57,8 @@ def run_job(job, phase):
 '''
 
 
-@pytest.mark.parametrize("prune", [True, False])
-def test_a_hopeless_candidate_is_pruned_after_its_first_window(tmp_path, fake_engine_env, monkeypatch, prune):
+def _slow_k4_study(tmp_path, monkeypatch, *, prune: bool, enqueue=()):
+    """A grid study (none, k=1, k=2, k=4) on the slow-k=4 FAKE engine; (study, its config)."""
     (tmp_path / "engines").mkdir()
     (tmp_path / "engines" / "slow_k4.py").write_text(SLOW_K4)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "engines"), os.environ["PYTHONPATH"]]))
@@ -70,7 +70,12 @@ def test_a_hopeless_candidate_is_pruned_after_its_first_window(tmp_path, fake_en
     cfg = StudyConfig(name="prune", results_dir=tmp_path / "prune", settings=Settings(model="fake-model"),
                       objectives=("output_tok_s",), n_trials=4, trial_timeout_s=30, engine_module="slow_k4",
                       strategy="grid", prune=prune)
-    study = run_study(cfg, load_workload("examples/smoke.jsonl"), space)
+    return run_study(cfg, load_workload("examples/smoke.jsonl"), space, enqueue=list(enqueue)), cfg
+
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_a_hopeless_candidate_is_pruned_after_its_first_window(tmp_path, fake_engine_env, monkeypatch, prune):
+    study, cfg = _slow_k4_study(tmp_path, monkeypatch, prune=prune)
     by_label = {t.user_attrs.get("label"): t for t in study.trials}
     k4 = by_label["ngram k=4"]
     if not prune:
@@ -91,17 +96,8 @@ def test_a_hopeless_candidate_is_pruned_after_its_first_window(tmp_path, fake_en
 
 def test_a_config_asked_for_is_measured_whole(tmp_path, fake_engine_env, monkeypatch):
     """--try names a config the user wants measured: it is never pruned, however it starts."""
-    (tmp_path / "engines").mkdir()
-    (tmp_path / "engines" / "slow_k4.py").write_text(SLOW_K4)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "engines"), os.environ["PYTHONPATH"]]))
-    monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
-    monkeypatch.setattr("autotune.study.forecast_for", lambda *a, **k: None)
-    space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
-    cfg = StudyConfig(name="prune", results_dir=tmp_path / "prune", settings=Settings(model="fake-model"),
-                      objectives=("output_tok_s",), n_trials=4, trial_timeout_s=30, engine_module="slow_k4",
-                      strategy="grid", prune=True)
-    study = run_study(cfg, load_workload("examples/smoke.jsonl"), space,
-                      enqueue=[{"method": "ngram", "num_speculative_tokens": 2},
-                               {"method": "ngram", "num_speculative_tokens": 4}])
+    study, _ = _slow_k4_study(tmp_path, monkeypatch, prune=True,
+                              enqueue=[{"method": "ngram", "num_speculative_tokens": 2},
+                                       {"method": "ngram", "num_speculative_tokens": 4}])
     k4 = next(t for t in study.trials if t.user_attrs.get("label") == "ngram k=4")
     assert k4.state == TrialState.COMPLETE and "pruned" not in k4.user_attrs and k4.user_attrs["wall_s"] >= 8
