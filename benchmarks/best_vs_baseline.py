@@ -13,14 +13,14 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from autotune.candidate import Candidate, Settings
-from autotune.load import LoadPattern
-from autotune.metrics import measure_run
-from autotune.results import load_report
-from autotune.config import StudyConfig
-from autotune.evaluate import trial_job
-from autotune.worker import run_trial
-from autotune.workload import load_workload
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.load import LoadPattern
+from autotune.measure.metrics import measure_run
+from autotune.core.study_report import load_report
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import trial_job
+from autotune.run.worker import run_trial
+from autotune.core.workload import load_workload
 
 
 def main() -> None:

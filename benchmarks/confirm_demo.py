@@ -1,6 +1,6 @@
 """Benchmark: a study's claimed (in-process) speedup against the served one (`vllm serve` + `vllm bench serve`).
 
-Reads a results folder from `autotune search` (default results/demo), runs `autotune.confirm` on
+Reads a results folder from `autotune search` (default results/demo), runs `autotune.gate.confirm` on
 it (alternating fresh baseline and pick servers, ROUNDS a side) and prints each round, the served
 speedup with its interval over rounds, and the claim beside it:
 
@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from autotune.confirm import confirm, served_line
-from autotune.results import load_report
+from autotune.gate.confirm import confirm
+from autotune.serve.served import served_line
+from autotune.core.study_report import load_report
 
 
 def main() -> None:

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 from autotune import demo
-from autotune.candidate import Candidate, Settings
-from autotune.load import LoadPattern
-from autotune.config import StudyConfig
-from autotune.evaluate import run_and_evaluate
-from autotune.workload import load_workload
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.load import LoadPattern
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import run_and_evaluate
+from autotune.core.workload import load_workload
 
 
 def main() -> None:

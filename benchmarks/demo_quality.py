@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from autotune import demo
-from autotune.candidate import Candidate, Settings
+from autotune.core.candidate import Candidate, Settings
 from autotune.demo.corpus import fresh_examples
 from autotune.demo.quality import check, rates
-from autotune.load import LoadPattern
-from autotune.config import StudyConfig
-from autotune.evaluate import run_and_evaluate
-from autotune.workload import load_workload
+from autotune.core.load import LoadPattern
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import run_and_evaluate
+from autotune.core.workload import load_workload
 
 FRESH_SEED = 2027
 

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune import demo
-from autotune.candidate import Candidate, Settings
-from autotune.config import StudyConfig
+from autotune.core.candidate import Candidate, Settings
+from autotune.measure.config import StudyConfig
 from autotune.demo.corpus import examples
-from autotune.evaluate import trial_job
-from autotune.load import LoadPattern, parse_levels
-from autotune.metrics import measure_run, ratio_interval
-from autotune.worker import run_trial
-from autotune.workload import load_workload
+from autotune.run.evaluate import trial_job
+from autotune.core.load import LoadPattern, parse_levels
+from autotune.measure.metrics import measure_run, ratio_interval
+from autotune.run.worker import run_trial
+from autotune.core.workload import load_workload
 
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 

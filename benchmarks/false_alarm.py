@@ -1,6 +1,6 @@
 """Benchmark: false-alarm rate and power of the two-sample test on the Markov-chain model.
 
-Uses the test the tool uses (autotune.stats.sampler_test) on 3-token draws, where it is the first
+Uses the test the tool uses (autotune.measure.stats.sampler_test) on 3-token draws, where it is the first
 token and the first three tokens jointly, Bonferroni (longer draws add a third feature for the
 later tokens; faults that start after the 3rd token: benchmarks/late_fault.py). Prints, for
 several sample sizes, how often exact speculative sampling is flagged (false alarms, should be
@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from markov import speculative, target  # noqa: E402
 
-from autotune.stats import sampler_test  # noqa: E402
+from autotune.measure.stats import sampler_test  # noqa: E402
 
 
 def main() -> None:

@@ -26,13 +26,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune import demo, hardware  # noqa: E402
-from autotune.candidate import Candidate, Settings  # noqa: E402
-from autotune.config import StudyConfig  # noqa: E402
-from autotune.evaluate import trial_job  # noqa: E402
-from autotune.load import LoadPattern  # noqa: E402
-from autotune.metrics import measure_run  # noqa: E402
-from autotune.worker import run_trial  # noqa: E402
-from autotune.workload import load_workload  # noqa: E402
+from autotune.core.candidate import Candidate, Settings  # noqa: E402
+from autotune.measure.config import StudyConfig  # noqa: E402
+from autotune.run.evaluate import trial_job  # noqa: E402
+from autotune.core.load import LoadPattern  # noqa: E402
+from autotune.measure.metrics import measure_run  # noqa: E402
+from autotune.run.worker import run_trial  # noqa: E402
+from autotune.core.workload import load_workload  # noqa: E402
 
 PICK = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 3,
         "enforce_eager": True}

@@ -7,8 +7,8 @@ k=2), exact or with a fault from the 4th token on (tests/markov.py, LATE_FAULTS)
 over ``--seeds`` seeds per cell, how often each test flags (false alarms for "exact", power for
 the faults), for
 
-    old   autotune.stats.sampler_test on the first 3 tokens only (the test before issue 16)
-    new   autotune.stats.sampler_test on the whole draw (first token, first 3 jointly, and the
+    old   autotune.measure.stats.sampler_test on the first 3 tokens only (the test before issue 16)
+    new   autotune.measure.stats.sampler_test on the whole draw (first token, first 3 jointly, and the
           later tokens and (previous, next) token pairs pooled over positions, Hotelling's T^2;
           Bonferroni over the 3)
     pos   comparison only: first token, first 3 jointly, and a chi-square on each later
@@ -36,7 +36,7 @@ from scipy.stats import kstest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from markov import LATE_FAULTS, P, START, late_fault, target_batch  # noqa: E402
 
-from autotune.stats import HEAD_TOKENS, sampler_test, two_sample_test  # noqa: E402
+from autotune.measure.stats import HEAD_TOKENS, sampler_test, two_sample_test  # noqa: E402
 
 CONDITIONS = ["exact", *LATE_FAULTS]
 

@@ -2,7 +2,7 @@
 
 What sets ``--lossless-tolerance`` and ``--max-logprob-drift``: how far outputs move for reasons
 that are not faults. Each run below is a worker as in a study (warm-up, one measured window,
-then the teacher-forced scoring pass of autotune.engine._score); every candidate scores the
+then the teacher-forced scoring pass of autotune.run.replay.score_greedy); every candidate scores the
 reference's greedy tokens, so log-prob drifts compare the same token paths.
 
     reference    baseline (no speculation), the study's dtype, concurrency 1
@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from autotune import demo
-from autotune.candidate import Candidate, Settings
-from autotune.load import LoadPattern
-from autotune.config import StudyConfig
-from autotune.evaluate import trial_job
-from autotune.validate import Tolerances, verdict
-from autotune.worker import run_trial
-from autotune.workload import load_workload
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.load import LoadPattern
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import trial_job
+from autotune.measure.validate import Tolerances, verdict
+from autotune.run.worker import run_trial
+from autotune.core.workload import load_workload
 
 EAGER = {"enforce_eager": True}
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}

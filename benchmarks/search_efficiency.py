@@ -50,9 +50,11 @@ def table_of(results: Path) -> dict[str, Any]:
     """What every trial of a finished study measured, and what its predictions read."""
     import optuna
 
-    from autotune import attrs, hardware
-    from autotune.pareto import feasible
-    from autotune.study import baseline_trial
+    from autotune.core import attrs
+
+    from autotune.run import hardware
+    from autotune.study.trials import feasible
+    from autotune.study.trials import baseline_trial
 
     study = optuna.load_study(study_name=results.name, storage=f"sqlite:///{results / 'study.db'}")
     base = baseline_trial(study)
@@ -73,7 +75,7 @@ def table_of(results: Path) -> dict[str, Any]:
                      "spec_drafts": m.get("spec_drafts"), "windows": m.get("windows"),
                      "predicted": attrs.predicted(t)})
     bm = attrs.measurement(base)
-    from autotune.pareto import choose
+    from autotune.study.pareto import choose
 
     choice = choose(study)
     pick = choice.trial.user_attrs.get(attrs.REMEASURE_OF, choice.trial.number) if choice else None
@@ -88,8 +90,8 @@ def table_of(results: Path) -> dict[str, Any]:
 
 def measure(a: argparse.Namespace) -> None:
     from autotune import demo
-    from autotune.hardware import platform_tags
-    from autotune.space import load_space
+    from autotune.run.hardware import platform_tags
+    from autotune.core.space import load_space
 
     wl, sp = Path(a.workload).stem, Path(a.space).stem
     study = f"grid-{wl}-{sp}"
@@ -110,9 +112,9 @@ class Table:
     by resampling each candidate's measured windows (so seeds differ where the noise allows)."""
 
     def __init__(self, data: dict[str, Any]):
-        from autotune.candidate import Candidate
-        from autotune.forecast import AcceptanceTable
-        from autotune.space import load_space
+        from autotune.core.candidate import Candidate
+        from autotune.forecast.forecast import AcceptanceTable
+        from autotune.core.space import load_space
 
         self.data = data
         self.rows = {Candidate(r["params"]).key(): r for r in data["rows"]}
@@ -135,8 +137,8 @@ class Table:
         self.base_wall = next(r["wall_s"] for r in data["rows"] if r["role"] == "baseline")
         # The table's own noise between engine instances: the spread of every measured speedup around
         # the step-cost law fitted on all of them (configs that do the same work measure apart).
-        from autotune.forecast import Model, Observation
-        from autotune.metrics import ratio_interval
+        from autotune.forecast.forecast import Model, Observation
+        from autotune.measure.metrics import ratio_interval
 
         every = [Observation(r["params"], self.true_speedup(k), *ratio_interval(r["output_tok_s_windows"],
                                                                                  self.base_windows))
@@ -145,8 +147,8 @@ class Table:
 
     def draw(self, rng: np.random.Generator) -> dict[str, Any]:
         """One replicate: each candidate's observation (or failure) with resampled windows."""
-        from autotune.forecast import Observation
-        from autotune.metrics import ratio_interval
+        from autotune.forecast.forecast import Observation
+        from autotune.measure.metrics import ratio_interval
 
         base = rng.choice(self.base_windows, len(self.base_windows))
         out: dict[str, Any] = {}
@@ -203,11 +205,11 @@ def replay_random(table: Table, seed: int, budget: int) -> dict[str, Any]:
 
 
 def replay_tpe(table: Table, seed: int, budget: int) -> dict[str, Any]:
-    """Optuna's TPE as a study runs it (autotune.study._sampler), on the table's measurements."""
+    """Optuna's TPE as a study runs it (autotune.study.loop._sampler), on the table's measurements."""
     import optuna
     from optuna.trial import TrialState
 
-    from autotune.study import _sampler
+    from autotune.study.opening import sampler as _sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -237,9 +239,9 @@ def replay_tpe(table: Table, seed: int, budget: int) -> dict[str, Any]:
 
 
 def replay_predict(table: Table, seed: int, budget: int) -> dict[str, Any]:
-    from autotune.candidate import Candidate
-    from autotune.forecast import Model, Observation
-    from autotune.strategy import next_predicted
+    from autotune.core.candidate import Candidate
+    from autotune.forecast.forecast import Model, Observation
+    from autotune.forecast.policy import next_predicted
 
     draw = table.draw(np.random.default_rng(seed))
     obs, failed, order = [Observation(table.base_params, 1.0, 1.0, 1.0)], [], []
@@ -308,8 +310,8 @@ def versus(a: argparse.Namespace) -> None:
     """A live --strategy predict study beside the table's grid study (same workload and space)."""
     import optuna
 
-    from autotune import attrs
-    from autotune.study import baseline_trial
+    from autotune.core import attrs
+    from autotune.study.trials import baseline_trial
 
     wl, sp = Path(a.workload).stem, Path(a.space).stem
     table = Table(json.loads((DATA / f"table-{wl}-{sp}.json").read_text()))
@@ -348,7 +350,7 @@ def versus(a: argparse.Namespace) -> None:
 
 
 def _key(row: dict[str, Any]) -> str:
-    from autotune.candidate import Candidate
+    from autotune.core.candidate import Candidate
 
     return Candidate(row["params"]).key()
 

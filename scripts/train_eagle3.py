@@ -21,7 +21,7 @@ agreeing with the target.
 
 At the end, the head is judged as the forecast judges it: the target's greedy outputs on
 examples/json_edit.jsonl (transformers), the head's chained drafts along them, and the mean
-accepted length per depth (``autotune.predict.eagle3_acceptance``), written to training.json.
+accepted length per depth (``autotune.forecast.predict.eagle3_acceptance``), written to training.json.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from transformers import PreTrainedTokenizerFast
 from autotune.demo import TARGET
 from autotune.demo.corpus import EOS, TRAINING_MIX, TRAINING_SEED, examples
 from autotune.demo.eagle3 import HEAD, AUX_LAYERS, Eagle3Head, head_config, load_head, load_target, target_pass, trace
-from autotune.predict import Eagle3Trace, eagle3_acceptance
+from autotune.forecast.predict import Eagle3Trace, eagle3_acceptance
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 20260  # the head's own: its documents are drawn after the pair's (another seed of the same mix)

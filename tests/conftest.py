@@ -33,11 +33,11 @@ CPU_FLAGS = {"avx512": "fpu sse4_2 avx avx2 fma avx512f avx512dq avx512bw avx512
 
 @pytest.fixture(params=list(CPU_FLAGS))
 def faked_cpu(request, monkeypatch) -> str:
-    """Run a test as on both kinds of CPU machine, whatever this one is: autotune.hardware sees the
+    """Run a test as on both kinds of CPU machine, whatever this one is: autotune.run.hardware sees the
     CPU platform (not CUDA) and reads a /proc/cpuinfo whose flags have AVX-512 (``avx512``) or not
     (``no-avx512``), so fp8 KV is in the spaces exactly with ``avx512``. Returns the kind. This
     process only: a worker subprocess would read the real file (the fake engine never does)."""
-    from autotune import hardware
+    from autotune.run import hardware
 
     text = "".join(f"processor\t: {i}\nflags\t\t: {CPU_FLAGS[request.param]}\n\n" for i in range(2))
 
@@ -89,7 +89,7 @@ def study_dir(tmp_path_factory):
     baseline, ngram, draft_model and an fp8-weights candidate that crashes engine init on CPU."""
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.app import app
 
     results = tmp_path_factory.mktemp("results")
     # json_edit, where ngram and the draft clearly win (2-3x): on smoke.jsonl's six requests ngram

@@ -10,14 +10,14 @@ candidate's engine kwargs:
 Speculative configs are "faster": fewer, larger chunks, except on requests whose category is in
 ``AUTOTUNE_FAKE_NO_ACCEPT`` (comma-separated): there every draft is rejected and each step costs
 more, so speculation loses on that category. Multi-turn requests are replayed turn by turn through
-``autotune.engine.converse`` (the real engine's conversation logic). ``AUTOTUNE_FAKE_DELAY_S`` makes
+``autotune.run.replay.converse`` (the real engine's conversation logic). ``AUTOTUNE_FAKE_DELAY_S`` makes
 each run take that long (so parallel workers overlap); the result echoes the worker's device environment.
 
 Noise, seeded per engine instance (the candidate's kwargs, its trial folder and ``AUTOTUNE_FAKE_SEED``),
 so a test's run is reproducible and two fresh engines of one config differ, as real ones do:
 - each window's step time is scaled by a log-normal factor of sd ``AUTOTUNE_FAKE_NOISE`` (0.08, the
   real engine's 8-10% window spread; "0": identical windows), times one of sd 0.05 per instance;
-  windows are re-measured up to ``max_repeats`` while ``autotune.metrics.noisy`` says so;
+  windows are re-measured up to ``max_repeats`` while ``autotune.measure.metrics.noisy`` says so;
 - sampled requests' draws are random, each token from a law over 6 tokens with p ~ exp(-k / T), T the
   request's temperature times a scale: 1.3 for a lossy (fp8 KV) config (lossy on purpose), the
   planted fault's ``temperature_scale``, and ``AUTOTUNE_FAKE_SHIFT`` for speculative configs (a
@@ -38,8 +38,8 @@ import time
 import zlib
 from typing import Any
 
-from autotune.engine import converse
-from autotune.load import ramp_limits
+from autotune.run.replay import converse
+from autotune.core.load import ramp_limits
 
 
 def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
@@ -94,8 +94,8 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
 
 def _windows(job: dict[str, Any], one: Any) -> list[dict[str, Any]]:
     """``repeats`` windows, and more up to ``max_repeats`` while their spread is too wide to rank
-    (the real engine's rule, autotune.engine._windows)."""
-    from autotune.metrics import measure, noisy
+    (the real engine's rule, autotune.run.replay.measure_windows)."""
+    from autotune.measure.metrics import measure, noisy
 
     repeats = job["replay"].get("repeats", 1)
     most = max(repeats, job["replay"].get("max_repeats", repeats))
@@ -106,9 +106,9 @@ def _windows(job: dict[str, Any], one: Any) -> list[dict[str, Any]]:
 
 
 def _scores(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) -> dict[str, dict[str, Any]]:
-    """Teacher-forced log-probs of the baseline's paths, chosen as autotune.engine._score chooses
+    """Teacher-forced log-probs of the baseline's paths, chosen as autotune.run.replay.score_greedy chooses
     them (greedy first, at most LOGPROB_MAX_REQUESTS; the baseline scores its own outputs)."""
-    from autotune.engine import LOGPROB_MAX_REQUESTS
+    from autotune.run.replay import LOGPROB_MAX_REQUESTS
 
     reference, by_id = job.get("reference"), {r["id"]: r for r in records}
     ordered = sorted(job["requests"], key=lambda r: r["sampling"].get("temperature", 0) > 0)

@@ -7,10 +7,11 @@ It joins (or starts) the study as ``autotune search --resume`` would and prints 
 import sys
 from pathlib import Path
 
-from autotune.candidate import Settings
-from autotune.space import load_space
-from autotune.study import StudyConfig, run_study
-from autotune.workload import load_workload
+from autotune.core.candidate import Settings
+from autotune.core.space import load_space
+from autotune.measure.config import StudyConfig
+from autotune.study.loop import run_study
+from autotune.core.workload import load_workload
 
 if __name__ == "__main__":
     storage, name, results, n = sys.argv[1:5]

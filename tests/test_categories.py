@@ -1,10 +1,10 @@
-"""Results by category, on small hand-built records (streamed chunks as autotune.engine keeps them)."""
+"""Results by category, on small hand-built records (streamed chunks as autotune.run.engine keeps them)."""
 
 import math
 
 import pytest
 
-from autotune.categories import by_category, category_speedup, rows, stream_acceptance, window_metrics
+from autotune.measure.categories import by_category, category_speedup, rows, stream_acceptance, window_metrics
 
 
 def rec(id, chunks, start=0.0, finish="length"):

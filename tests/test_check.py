@@ -3,9 +3,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from autotune.check import OK, REGRESSED, REGRESSION, SAME_RUN, TWO_RUNS, UNDECIDED, compare, decide, parse_tolerance
-from autotune.cli import app
-from autotune.errors import BadInput
+from autotune.gate.check import OK, REGRESSED, REGRESSION, SAME_RUN, TWO_RUNS, UNDECIDED, compare, decide, parse_tolerance
+from autotune.cli.app import app
+from autotune.core.errors import BadInput
 
 runner = CliRunner()
 OBJECTIVES = ["output_tok_s", "e2e_ms_p50", "output_tok_s@concurrency=8"]
@@ -135,9 +135,9 @@ def test_cli_exit_codes_summary_and_json(tmp_path, monkeypatch):
 def test_nightly_flow_on_the_fake_engine(tmp_path, monkeypatch, fake_engine_env):
     """Deployed results, a warm-started nightly study, then the gate; trials on the FAKE engine
     (deterministic timings), so every outcome below is exact at the default 5% tolerance."""
-    from autotune.results import load_report
+    from autotune.core.study_report import load_report
 
-    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")  # quiet windows: the deterministic timings this test states
     common = ["--model", "fake-model", "--samples", "0", "--results", str(tmp_path), "--repeats", "2"]
     ngram = '{"method": "ngram", "num_speculative_tokens": 4}'

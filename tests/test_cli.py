@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import __version__
-from autotune.cli import app
+from autotune.cli.app import app
 
 runner = CliRunner()
 
@@ -89,7 +89,7 @@ def test_workload_convert_writes_native_form(tmp_path):
     out = tmp_path / "native.jsonl"
     r = runner.invoke(app, ["workload", "convert", "tests/data/formats/openai_batch.jsonl", "-o", str(out)])
     assert r.exit_code == 0
-    from autotune.workload import load_workload
+    from autotune.core.workload import load_workload
 
     assert load_workload(out).requests == load_workload("tests/data/formats/openai_batch.jsonl").requests
 
@@ -103,12 +103,12 @@ def test_verbose_adds_the_traceback_to_a_bad_input_line(tmp_path):
 
 @pytest.mark.parametrize("command", [["export", "{tmp}"], ["check", "{tmp}", "--against", "{tmp}"]])
 def test_an_unexpected_error_is_one_line_and_with_verbose_its_traceback(tmp_path, monkeypatch, command):
-    import autotune.results
+    import autotune.core.study_report
 
     def broken(path):
         raise KeyError("planted")
 
-    monkeypatch.setattr(autotune.results, "load_report", broken)
+    monkeypatch.setattr(autotune.core.study_report, "load_report", broken)
     args = [a.format(tmp=tmp_path) for a in command]
     r = runner.invoke(app, args)
     # Its own exit code: nightly CI tells a crash (3) from a regression or a failed study (1).
@@ -130,7 +130,7 @@ def test_help_lists_the_exit_codes():
 
 def _fake_search(tmp_path, monkeypatch, *args):
     """`autotune search` through the CLI with trials on the FAKE engine (tests/fake_engine.py)."""
-    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     monkeypatch.delenv("COLUMNS", raising=False)
     return runner.invoke(app, [*args, "--model", "fake-model", "--results", str(tmp_path), "--samples", "0",
                                "--repeats", "1"])

@@ -1,4 +1,4 @@
-"""autotune.confirm: the pick served as exported, measured with vLLM's own bench client.
+"""autotune.gate.confirm: the pick served as exported, measured with vLLM's own bench client.
 
 Orchestration tests run real processes (servers in their own sessions, the bench client, ports,
 health checks, process groups) through a FAKE launcher: a small script standing in for the Python
@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune import confirm as c
-from autotune.candidate import Candidate, Settings
-from autotune.errors import BadInput
-from autotune.export import command, serve_script
-from autotune.results import load_report
-from autotune.workload import Request
+from autotune.gate import confirm as c
+from autotune.serve import bench_client, servers
+from autotune.serve import served as sv
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.errors import BadInput
+from autotune.serve.export import command, serve_script
+from autotune.core.study_report import load_report
+from autotune.core.workload import Request
 
 # The FAKE launcher. serve: answers /health and /fake/speed (150 tok/s for a speculative config, else
 # 100), after spawning a child that stands in for vLLM's engine core (its pid goes to $FAKE_PIDS).
@@ -149,7 +151,7 @@ def _gone(pid: int) -> bool:
 def test_client_plan_keeps_each_requests_max_tokens_and_renders_chat():
     reqs = [Request(id="a", prompt="Edit: x", max_tokens=48),
             Request(id="b", messages=({"role": "user", "content": "hi"},), max_tokens=7)]
-    plan = c.client_plan(reqs, load="concurrency=1", render=lambda m: f"<user>{m[0]['content']}</user>", warmups=2)
+    plan = bench_client.client_plan(reqs, load="concurrency=1", render=lambda m: f"<user>{m[0]['content']}</user>", warmups=2)
     assert plan.rows == [{"prompt": "Edit: x", "output_tokens": 48}, {"prompt": "<user>hi</user>", "output_tokens": 7}]
     f = plan.flags
     # per-request lengths; prompts sent as the study's engine gets them (no second chat template)
@@ -165,7 +167,7 @@ def test_client_plan_says_what_one_setting_for_all_requests_changes():
     reqs = [Request(id="a", prompt="p", temperature=0.0, stop=("\n",), turns=None),
             Request(id="b", prompt="q", temperature=0.0, stop=("\n",)),
             Request(id="c", prompt="r", temperature=0.8, seed=3, ignore_eos=True)]
-    plan = c.client_plan(reqs, load="batch", render=None)
+    plan = bench_client.client_plan(reqs, load="batch", render=None)
     assert plan.flags[plan.flags.index("--extra-body") + 1] == '{"stop": ["\\n"]}'
     assert "--max-concurrency" not in plan.flags
     text = " | ".join(plan.notes)
@@ -175,7 +177,7 @@ def test_client_plan_says_what_one_setting_for_all_requests_changes():
 
 def test_client_plan_chat_without_a_tokenizer_is_bad_input():
     with pytest.raises(BadInput, match="request 'b': chat messages need the model's tokenizer"):
-        c.client_plan([Request(id="b", messages=({"role": "user", "content": "hi"},))], load=None, render=None)
+        bench_client.client_plan([Request(id="b", messages=({"role": "user", "content": "hi"},))], load=None, render=None)
 
 
 @pytest.mark.parametrize("label, flags", [
@@ -185,18 +187,18 @@ def test_client_plan_chat_without_a_tokenizer_is_bad_input():
     (None, ["--request-rate", "inf", "--max-concurrency", "1"]),
 ])
 def test_load_flags(label, flags):
-    assert c.load_flags(label, requests=[]) == (flags, [])
+    assert bench_client.load_flags(label, requests=[]) == (flags, [])
 
 
 def test_replay_becomes_poisson_at_the_mean_rate_with_a_note():
     reqs = [Request(id=str(i), prompt="p", arrival_s=float(i) * 0.5) for i in range(5)]
-    flags, notes = c.load_flags("replay", requests=reqs)
+    flags, notes = bench_client.load_flags("replay", requests=reqs)
     assert flags[:2] == ["--request-rate", "2"] and "cannot replay" in notes[0]
 
 
 def test_bad_load_label_names_the_key():
     with pytest.raises(BadInput, match="key 'load'"):
-        c.load_flags("sometimes", requests=[])
+        bench_client.load_flags("sometimes", requests=[])
 
 
 # --------------------------------------------------------------------------------------------- verdict
@@ -216,7 +218,7 @@ def test_bad_load_label_names_the_key():
     ((2.54, 2.44, 3.04), (2.50, 2.10, 2.90), "agree"),
 ])
 def test_verdict(served, claimed, expect):
-    assert c.verdict(served, claimed) == expect
+    assert sv.verdict(served, claimed) == expect
 
 
 # --------------------------------------------------------------------------------------------- the step (fake)
@@ -254,14 +256,14 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     assert report["best"]["speedup"]["output_tok_s"] == 1.6
     assert report["served_vs_claimed"] == ("the claimed 1.60x [1.55-1.70] (the study's) lies 7% above the served "
                                            "1.50x [1.50-1.50]: claimed/served 1.07 [1.03-1.13], outside 1 +- 5%")
-    assert c.served_line(report).startswith("served: 1.50x [1.50-1.50] the baseline's output tok/s")
+    assert sv.served_line(report).startswith("served: 1.50x [1.50-1.50] the baseline's output tok/s")
     md = (d / "report.md").read_text()
     assert md.startswith("# autotune study\n\nthe study's own text\n") and md.count(c.SECTION) == 1
     assert "lies 7% above the served" in md
     assert any("round 2/2 pick: 150.0 output tok/s" in x for x in lines)
     # nothing left: every server's process group and its "engine core" child
     assert all(_gone(p) for p in fake.pids()) and len(fake.pids()) == 8
-    assert all(not c.group_alive(r["server_pid"]) for r in served["per_round"])
+    assert all(not servers.group_alive(r["server_pid"]) for r in served["per_round"])
     # a second confirm replaces the served numbers and the report section, never appends
     c.confirm(d, rounds=1, warmups=0, python=fake.python)
     assert load_report(d)["best"]["served"]["rounds"] == 1
@@ -271,7 +273,7 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
 def test_a_server_that_crashes_is_told_from_a_timeout_and_recorded(tmp_path, fake, monkeypatch):
     d = write_results(tmp_path / "study")
     monkeypatch.setenv("FAKE_SERVE", "crash_pick")
-    with pytest.raises(c.ServeFailed, match=r"the pick server \(serve.sh, round 1\) exited before it was ready "
+    with pytest.raises(servers.ServeFailed, match=r"the pick server \(serve.sh, round 1\) exited before it was ready "
                                             r"\(exit code 3; log .*round-1-pick.log\): RuntimeError: fake engine"):
         c.confirm(d, rounds=1, warmups=0, python=fake.python)
     report = load_report(d)
@@ -279,14 +281,14 @@ def test_a_server_that_crashes_is_told_from_a_timeout_and_recorded(tmp_path, fak
     assert report["best"]["served"]["rounds_done"][0]["side"] == "baseline"
     assert report["served_vs_claimed"] is None
     assert json.loads((d / "confirm" / "failure.json").read_text())["error"] == "ServeFailed"
-    assert c.served_line(report).startswith("served: not confirmed: the pick server")
+    assert sv.served_line(report).startswith("served: not confirmed: the pick server")
     assert all(_gone(p) for p in fake.pids())
 
 
 def test_a_server_never_ready_times_out_and_its_group_is_ended(tmp_path, fake, monkeypatch):
     d = write_results(tmp_path / "study")
     monkeypatch.setenv("FAKE_SERVE", "hang")
-    with pytest.raises(c.ServeFailed, match=r"the baseline server .* not ready after 1.5 s"):
+    with pytest.raises(servers.ServeFailed, match=r"the baseline server .* not ready after 1.5 s"):
         c.confirm(d, rounds=1, warmups=0, python=fake.python, ready_timeout_s=1.5)
     assert len(fake.pids()) == 2 and all(_gone(p) for p in fake.pids())
 
@@ -294,7 +296,7 @@ def test_a_server_never_ready_times_out_and_its_group_is_ended(tmp_path, fake, m
 def test_an_incomplete_bench_run_fails_the_round(tmp_path, fake, monkeypatch):
     d = write_results(tmp_path / "study")
     monkeypatch.setenv("FAKE_BENCH", "incomplete")
-    with pytest.raises(c.ServeFailed, match="incomplete run: 5 of 6 requests completed, 1 failed"):
+    with pytest.raises(servers.ServeFailed, match="incomplete run: 5 of 6 requests completed, 1 failed"):
         c.confirm(d, rounds=1, warmups=0, python=fake.python)
     assert all(_gone(p) for p in fake.pids())
 
@@ -331,31 +333,31 @@ def two(tmp_path):
 
 
 def test_compare_served_neither_served_is_none(two):
-    assert c.compare_served(*two) is None
+    assert sv.compare_served(*two) is None
 
 
 def test_compare_served_both_served_compares_served_speedups(two):
     new, old = _with_served(two[0], 1.20, 1.10, 1.30), _with_served(two[1], 1.40, 1.30, 1.50)
-    r = c.compare_served(new, old)
+    r = sv.compare_served(new, old)
     assert r.ratio == pytest.approx(1.2 / 1.4) and r.reasons == []
     assert (r.ratio_lo, r.ratio_hi) == (pytest.approx(1.10 / 1.50), pytest.approx(1.30 / 1.30))  # the widest allowed
     assert "compared on served speedups" in r.notes[0]
-    r = c.compare_served(new, _with_served(two[1], 1.22))
+    r = sv.compare_served(new, _with_served(two[1], 1.22))
     assert r.ratio == pytest.approx(1.2 / 1.22) and (r.ratio_lo, r.ratio_hi) == (None, None)
 
 
 def test_compare_served_fails_on_a_pick_that_does_not_serve_or_loses_served(two):
-    r = c.compare_served(_with_served(two[0], None, failure="the pick server exited"), two[1])
+    r = sv.compare_served(_with_served(two[0], None, failure="the pick server exited"), two[1])
     assert r.reasons == ["the new pick's exported command failed when served (autotune confirm): "
                          "the pick server exited"] and r.ratio is None
     line = "the served speedup 0.90x [0.85-0.95] lies below the claimed 1.60x [1.50-1.70] (in-process)"
-    r = c.compare_served(_with_served(two[0], 0.90, 0.85, 0.95, line=line), two[1])
+    r = sv.compare_served(_with_served(two[0], 0.90, 0.85, 0.95, line=line), two[1])
     assert r.reasons[0].startswith("the new pick is slower than its baseline when served: 0.90x [0.85-0.95]")
     assert line in r.notes and r.ratio is None  # the old run was not served: no served ratio
 
 
 def test_compare_served_only_old_served_is_a_note(two):
-    r = c.compare_served(two[0], _with_served(two[1], 1.4))
+    r = sv.compare_served(two[0], _with_served(two[1], 1.4))
     assert r.reasons == [] and r.ratio is None and r.ratio_lo is None
     assert any("not confirmed served" in n for n in r.notes)
 
@@ -393,6 +395,6 @@ def test_real_engine_confirms_a_short_studys_pick(study_dir, tmp_path):
     # vLLM's own counters, through the server: the pick speculated, the baseline did not
     assert 0 < served["pick"]["acceptance_rate"] <= 1 and served["baseline"]["acceptance_rate"] is None
     # servers started and stopped cleanly: no process of either server's group is left
-    assert all(not c.group_alive(x["server_pid"]) for x in served["per_round"])
+    assert all(not servers.group_alive(x["server_pid"]) for x in served["per_round"])
     print(f"confirm {time.monotonic() - t0:.0f} s; claimed "
           f"{b['speedup']['output_tok_s']:.2f}x, served {served['speedup']:.2f}x: {report['served_vs_claimed']}")

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from autotune import demo
-from autotune.context import fit, fit_model, load_tokenizer, model_context, prompt_tokens, sequence_bound, too_long
-from autotune.errors import BadInput
-from autotune.workload import Request, Workload, load_workload
+from autotune.core.context import fit, fit_model, load_tokenizer, model_context, prompt_tokens, sequence_bound, too_long
+from autotune.core.errors import BadInput
+from autotune.core.workload import Request, Workload, load_workload
 
 pytestmark = pytest.mark.skipif(not demo.available(), reason="the demo models are not trained")
 

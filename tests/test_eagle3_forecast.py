@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from autotune.forecast import AcceptanceTable
-from autotune.predict import Eagle3Trace, eagle3_acceptance, eagle3_traces
+from autotune.forecast.forecast import AcceptanceTable
+from autotune.forecast.predict import Eagle3Trace, eagle3_acceptance, eagle3_traces
 
 torch = pytest.importorskip("torch")
 
@@ -122,9 +122,9 @@ def test_shipped_head_is_an_eagle3_checkpoint_vllm_reads():
 
 @pytest.mark.parametrize("name", ["cpu", "quick"])
 def test_cpu_and_quick_spaces_search_eagle3_with_a_head(name):
-    from autotune.candidate import Settings
-    from autotune.space import load_space
-    from autotune.strategy import needs_trace
+    from autotune.core.candidate import Settings
+    from autotune.core.space import load_space
+    from autotune.study.strategy import needs_trace
 
     s = load_space(name, platform="cpu", models={"draft_model", "eagle3_head"})
     assert "eagle3" in next(p for p in s.params if p.name == "method").choices
@@ -144,7 +144,7 @@ def test_cpu_and_quick_spaces_search_eagle3_with_a_head(name):
 
 def test_the_demo_search_offers_the_shipped_head():
     from autotune import demo
-    from autotune.search import SearchOptions, _settings
+    from autotune.cli.search import SearchOptions, _settings
 
     if not demo.eagle3_available():
         pytest.skip("no shipped head")
@@ -158,10 +158,12 @@ def test_a_study_traces_the_head_once_and_its_forecast_reads_it():
     kept in the study as deep as the space searches, and eagle3 then has a replayed forecast."""
     import types
 
-    from autotune import attrs, demo
-    from autotune.candidate import Settings
-    from autotune.space import load_space
-    from autotune.strategy import trace_draft
+    from autotune import demo
+
+    from autotune.core import attrs
+    from autotune.core.candidate import Settings
+    from autotune.core.space import load_space
+    from autotune.study.strategy import trace_draft
 
     if not demo.eagle3_available():
         pytest.skip("no shipped head")
@@ -178,7 +180,7 @@ def test_a_study_traces_the_head_once_and_its_forecast_reads_it():
     study = Study()
     space = load_space("quick", platform="cpu", models={"eagle3_head"})
     cfg = types.SimpleNamespace(settings=Settings(model=str(demo.TARGET), eagle3_head=str(demo.EAGLE3)))
-    import autotune.study as st
+    import autotune.study.trials as st
 
     orig = st.baseline_trial
     st.baseline_trial = lambda _s: base

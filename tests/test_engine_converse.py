@@ -1,8 +1,8 @@
-"""Multi-turn replay (autotune.engine.converse) with a stand-in for one engine request: no vLLM."""
+"""Multi-turn replay (autotune.run.replay.converse) with a stand-in for one engine request: no vLLM."""
 
 import asyncio
 
-from autotune.engine import converse
+from autotune.run.replay import converse
 
 
 def test_each_turn_is_sent_after_the_models_own_answer():

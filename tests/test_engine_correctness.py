@@ -13,12 +13,14 @@ from queue import Queue
 
 import pytest
 
-from autotune import demo, hardware
-from autotune.candidate import Candidate, Settings
-from autotune.config import StudyConfig
-from autotune.evaluate import run_and_evaluate
-from autotune.validate import Tolerances, Unspeculated, verdict
-from autotune.workload import load_workload
+from autotune import demo
+
+from autotune.run import hardware
+from autotune.core.candidate import Candidate, Settings
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import run_and_evaluate
+from autotune.measure.validate import Tolerances, Unspeculated, verdict
+from autotune.core.workload import load_workload
 
 pytestmark = pytest.mark.engine
 EAGER = {"enforce_eager": True}
@@ -203,7 +205,7 @@ def test_lossy_drift_beyond_the_budget_is_flagged_and_within_a_wide_one_passes(j
 
 
 def test_logprob_drift_is_zero_for_speculation_and_measured_for_a_lossy_config(judged):
-    """Every candidate scored the baseline's greedy tokens teacher-forced (engine._score).
+    """Every candidate scored the baseline's greedy tokens teacher-forced (autotune.run.replay.score_greedy).
 
     float32 ngram and draft_model give the baseline's log-probs exactly (measured: 0.0 on these
     and on json_edit, benchmarks/noise_floor.py). The int8 candidate runs in bfloat16 and drifts;
@@ -296,7 +298,7 @@ def tried(tmp_path_factory):
     import optuna
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.app import app
 
     tmp = tmp_path_factory.mktemp("tried")
     rows = [{**_json.loads(line), "temperature": 0.8, "top_p": 0.95, "max_tokens": 24, "seed": 100 + i}

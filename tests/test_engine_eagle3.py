@@ -90,7 +90,7 @@ def test_eagle3_head_drafts_vllm_accepts_and_outputs_stay_the_baselines(runs):
 
 def test_forecast_matches_vllms_counters(runs):
     from autotune.demo.eagle3 import trace
-    from autotune.forecast import AcceptanceTable
+    from autotune.forecast.forecast import AcceptanceTable
 
     kind, base, eagle = runs
     pairs = [(o["prompt_token_ids"], o["token_ids"]) for o in base["outputs"]]

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.predict import suffix_available
-from autotune.results import load_report
+from autotune.cli.app import app
+from autotune.forecast.predict import suffix_available
+from autotune.core.study_report import load_report
 
 pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(not suffix_available(), reason="Arctic Inference is not installed "

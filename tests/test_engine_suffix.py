@@ -6,7 +6,7 @@ the baseline's. Predicted: replaying Arctic Inference's cache over the baseline'
 outputs in the same order, from an empty cache, gives vLLM's own counters for the first window
 exactly: drafts, draft tokens, accepted tokens and accepted tokens by position.
 
-Every window starts with an empty cache (autotune.vllm_ext, through vLLM's worker extension),
+Every window starts with an empty cache (autotune.run.vllm_ext, through vLLM's worker extension),
 as it starts with a cold prefix cache: without that, the second window's tree would hold every
 response it is about to generate and draft them whole, and the trial would measure a speedup
 no fresh server gives. So the second window equals the same forecast too, exactly.
@@ -20,13 +20,13 @@ from dataclasses import replace
 import pytest
 
 from autotune import demo
-from autotune.candidate import Candidate, Settings
-from autotune.config import StudyConfig
-from autotune.engine import PER_POS
-from autotune.evaluate import trial_job
-from autotune.predict import suffix_acceptance, suffix_available
-from autotune.worker import run_trial
-from autotune.workload import Workload, load_workload
+from autotune.core.candidate import Candidate, Settings
+from autotune.measure.config import StudyConfig
+from autotune.run.served_engine import PER_POS
+from autotune.run.evaluate import trial_job
+from autotune.forecast.predict import suffix_acceptance, suffix_available
+from autotune.run.worker import run_trial
+from autotune.core.workload import Workload, load_workload
 
 pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(not suffix_available(), reason="Arctic Inference is not installed "

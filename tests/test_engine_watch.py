@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.servers import HOST, free_port, serving
+from autotune.cli.app import app
+from autotune.serve.servers import HOST, free_port, serving
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def served(tmp_path_factory):
     results = tmp / "w"
     assert json.loads((results / "best.json").read_text())["best"]["candidate"]["method"] == "ngram"
     port = free_port()
-    argv = [sys.executable, "-m", "autotune.cli", "serve", str(results), "--host", HOST, "--port", str(port)]
+    argv = [sys.executable, "-m", "autotune.cli.app", "serve", str(results), "--host", HOST, "--port", str(port)]
     with serving(argv, port=port, log_path=tmp / "server.log", what="autotune serve") as server:
         _send(server.base_url, _requests("examples/json_edit.jsonl")[:2])  # ngram's JIT compile: before any window
         yield results, server.base_url

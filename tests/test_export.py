@@ -3,7 +3,7 @@ import shlex
 
 import yaml
 
-from autotune.export import command, config_yaml, llm_kwargs_json, serve_argv, serve_script
+from autotune.serve.export import command, config_yaml, llm_kwargs_json, serve_argv, serve_script
 
 KW = {"model": "/models/my target's dir", "seed": 0, "max_model_len": 512, "kv_cache_dtype": "fp8",
       "enforce_eager": False, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3,

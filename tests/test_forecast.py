@@ -1,11 +1,11 @@
-"""Suffix decoding in the forecast (autotune.forecast): replayed like ngram, its knobs part of what
+"""Suffix decoding in the forecast (autotune.forecast.forecast): replayed like ngram, its knobs part of what
 the replay reads, and said plainly where Arctic Inference is missing."""
 
 import pytest
 
-from autotune import forecast
-from autotune.forecast import SCHEDULED, AcceptanceTable, Model, Observation, knobs
-from autotune.predict import suffix_acceptance, suffix_available
+from autotune.forecast import forecast
+from autotune.forecast.forecast import SCHEDULED, AcceptanceTable, Model, Observation, knobs
+from autotune.forecast.predict import suffix_acceptance, suffix_available
 
 PROMPT = list(range(100, 140))
 # Three requests: one copies its prompt, the next two repeat one response (the cache's second pass).

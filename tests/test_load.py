@@ -1,8 +1,8 @@
 import pytest
 
-from autotune.errors import BadInput
-from autotune.load import LoadPattern, parse_load, send_offsets
-from autotune.metrics import measure_run
+from autotune.core.errors import BadInput
+from autotune.core.load import LoadPattern, parse_load, send_offsets
+from autotune.measure.metrics import measure_run
 
 
 @pytest.mark.parametrize("text, pattern", [

@@ -4,7 +4,7 @@ import numpy as np
 
 import pytest
 
-from autotune.metrics import acceptance, measure
+from autotune.measure.metrics import acceptance, measure
 
 
 def rec(id, start, chunks, finish="length", error=None):
@@ -46,7 +46,7 @@ def test_acceptance_fraction_and_mean_length_differ():
 
 
 def test_speedup_interval_brackets_the_ratio_and_narrows_with_more_windows():
-    from autotune.metrics import ratio_interval
+    from autotune.measure.metrics import ratio_interval
 
     base2, cand2 = [100.0, 110.0], [150.0, 170.0]
     lo, hi = ratio_interval(cand2, base2)
@@ -60,7 +60,7 @@ def test_speedup_interval_brackets_the_ratio_and_narrows_with_more_windows():
 
 
 def test_pool_joins_two_engines_windows_and_rederives_their_medians():
-    from autotune.metrics import pool
+    from autotune.measure.metrics import pool
 
     first = {"output_tok_s": 10.5, "output_tok_s_windows": [10.0, 11.0], "output_tok_s_mad": 0.5, "windows": 2,
              "noisy": False, "windows@concurrency=4": 2,

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 CHECK = """
 import json, autotune
-from autotune.space import SPACES_DIR, bundled_spaces, load_space
+from autotune.core.space import SPACES_DIR, bundled_spaces, load_space
 s = load_space("quick", platform="cpu", models={"draft_model"})
 print(json.dumps({"package": autotune.__file__, "spaces_dir": str(SPACES_DIR),
                   "bundled": sorted(bundled_spaces()), "quick": s.name}))

@@ -9,16 +9,17 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import Settings, StudyConfig
-from autotune.evaluate import CONSTRAINTS, Evaluation, Reference
-from autotune.metrics import instances_of, paired_interval, pool
-from autotune.resolution import resolve
-from autotune.results import write_results
-from autotune.slo import parse_slos
-from autotune.space import load_space
-from autotune.study import _pooled, run_study
-from autotune.validate import Verdict
-from autotune.workload import load_workload
+from autotune.measure.config import Settings, StudyConfig
+from autotune.run.evaluate import CONSTRAINTS, Evaluation, Reference
+from autotune.measure.metrics import instances_of, paired_interval, pool
+from autotune.measure.resolution import resolve
+from autotune.results.files import write_results
+from autotune.measure.slo import parse_slos
+from autotune.core.space import load_space
+from autotune.study.loop import run_study
+from autotune.study.record import pooled as _pooled
+from autotune.measure.validate import Verdict
+from autotune.core.workload import load_workload
 
 
 def _m(tok_s, p99, goodput, drafts, accepted, per_pos):
@@ -154,7 +155,7 @@ def test_rounds_of_fresh_engines_are_added_until_the_pick_is_decided(tmp_path, f
 def test_the_claimed_speedup_rests_on_the_pairs_measured_side_by_side():
     """The baseline's first engine runs minutes before the pick's (trial 0): where the machine
     drifts in between, pooling every baseline instance pulls the ratio; the pairs do not."""
-    from autotune.pareto import speedup
+    from autotune.study.pareto import speedup
 
     base = {"output_tok_s": 200.0, "e2e_ms_p50": 100.0, "tpot_ms_p50": 2.0,
             "output_tok_s_windows": [200.0, 200.0, 200.0, 200.0, 400.0, 400.0],

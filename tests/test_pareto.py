@@ -5,7 +5,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.pareto import choose, pick_best
+from autotune.study.pareto import choose, pick_best
 
 
 def trial(label, params, windows, e2e):
@@ -60,7 +60,8 @@ def test_no_rival_keeps_the_front_pick(only):
 def test_a_pick_measured_again_on_a_fresh_engine_is_on_the_front_as_its_pooled_record():
     """The first engine's fast record is superseded by the pooled one, though it dominates it: the
     front is Optuna's over the current records (a study's best_trials would keep the old one)."""
-    from autotune.pareto import pareto_trials, superseded
+    from autotune.study.pareto import pareto_trials
+    from autotune.study.trials import superseded
 
     first = trial("draft k=2", DRAFT, [150.0, 152.0], 500)
     pooled = trial("draft k=2", DRAFT, [120.0, 122.0, 150.0, 152.0], 560)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import random
 
-from autotune.candidate import Candidate
-from autotune.forecast import AcceptanceTable, Model, Observation, speedup_of
-from autotune.space import parse_space
-from autotune.strategy import edges, next_predicted
+from autotune.core.candidate import Candidate
+from autotune.forecast.forecast import AcceptanceTable, Model, Observation, speedup_of
+from autotune.core.space import parse_space
+from autotune.forecast.policy import edges, next_predicted
 
 BASE = {"method": "none", "kv_cache_dtype": "auto"}
 SHARE = 0.1
@@ -87,11 +87,11 @@ def test_a_step_past_the_edge_runs_in_a_study_and_is_remeasured_as_itself(tmp_pa
     re-measurement of that pick measures k=5 again."""
     from optuna.trial import TrialState
 
-    from autotune.config import Settings, StudyConfig
-    from autotune.space import load_space
-    from autotune.strategy import Step
-    from autotune.study import run_study
-    from autotune.workload import load_workload
+    from autotune.measure.config import Settings, StudyConfig
+    from autotune.core.space import load_space
+    from autotune.forecast.policy import Step
+    from autotune.study.loop import run_study
+    from autotune.core.workload import load_workload
 
     monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
     calls = []
@@ -103,7 +103,7 @@ def test_a_step_past_the_edge_runs_in_a_study_and_is_remeasured_as_itself(tmp_pa
                         beyond={"num_speculative_tokens": 5})
         return Step(None, "done", stop=True)
 
-    monkeypatch.setattr("autotune.study.plan", plan)
+    monkeypatch.setattr("autotune.study.loop.plan", plan)
     space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
     cfg = StudyConfig(name="edge", results_dir=tmp_path / "edge", settings=Settings(model="fake-model"),
                       objectives=("output_tok_s",), n_trials=3, trial_timeout_s=20, engine_module="fake_engine",

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import hardware
-from autotune.space import load_space, reload_space
+from autotune.run import hardware
+from autotune.core.space import load_space, reload_space
 
 from test_strategy import FP8_LEFT_OUT, quick_space_on
 
@@ -25,7 +25,7 @@ def _kv_choices(space) -> tuple:
 
 
 def test_the_platform_is_read_from_the_faked_cpuinfo(faked_cpu):
-    """The fake reaches autotune.hardware's own read of /proc/cpuinfo (if that read moves, this fails
+    """The fake reaches autotune.run.hardware's own read of /proc/cpuinfo (if that read moves, this fails
     rather than the other tests here silently checking the real machine twice)."""
     wide = faked_cpu == "avx512"
     assert hardware.cpu_features() == ({"avx512"} if wide else set())
@@ -96,7 +96,7 @@ def test_the_predict_studys_row_count_follows_the_platform(faked_cpu):
 
 def test_search_says_why_fp8_kv_is_left_out(faked_cpu, tmp_path):
     """What `autotune search` prints before any trial: the choices the platform rules out, with why."""
-    from autotune.search import SearchOptions, prepare
+    from autotune.cli.search import SearchOptions, prepare
 
     p = prepare(SearchOptions(workload=Path("examples/smoke.jsonl"), model="fake-model", draft_model="fake-draft",
                               space="quick", results=tmp_path))

@@ -1,11 +1,11 @@
-"""Acceptance replay (autotune.predict) on hand-built token sequences, and vLLM's own ngram rule."""
+"""Acceptance replay (autotune.forecast.predict) on hand-built token sequences, and vLLM's own ngram rule."""
 
 import random
 
 import numpy as np
 import pytest
 
-from autotune.predict import (Acceptance, DraftTrace, draft_acceptance, ngram_acceptance, ngram_proposal, replay,
+from autotune.forecast.predict import (Acceptance, DraftTrace, draft_acceptance, ngram_acceptance, ngram_proposal, replay,
                               suffix_acceptance, suffix_available)
 
 needs_arctic = pytest.mark.skipif(not suffix_available(), reason="Arctic Inference is not installed "

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import Settings, StudyConfig
-from autotune.results import write_results
-from autotune.space import load_space
-from autotune.strategy import hopeless
-from autotune.study import run_study
-from autotune.workload import load_workload
+from autotune.measure.config import Settings, StudyConfig
+from autotune.results.files import write_results
+from autotune.core.space import load_space
+from autotune.forecast.policy import hopeless
+from autotune.study.loop import run_study
+from autotune.core.workload import load_workload
 
 
 @pytest.mark.parametrize("first, best, noise, hi, stops", [
@@ -40,7 +40,7 @@ SLOW_K4 = '''
 import time
 
 import fake_engine
-from autotune.metrics import measure
+from autotune.measure.metrics import measure
 
 
 def run_job(job, phase):
@@ -65,7 +65,7 @@ def _slow_k4_study(tmp_path, monkeypatch, *, prune: bool, enqueue=()):
     monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
     # The fake engine's step costs make a degenerate fit (k=4 forecast at tens of x): without a
     # forecast the first window's measurement alone decides (the pure test above covers agreement).
-    monkeypatch.setattr("autotune.study.forecast_for", lambda *a, **k: None)
+    monkeypatch.setattr("autotune.study.record.forecast_for", lambda *a, **k: None)
     space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
     cfg = StudyConfig(name="prune", results_dir=tmp_path / "prune", settings=Settings(model="fake-model"),
                       objectives=("output_tok_s",), n_trials=4, trial_timeout_s=30, engine_module="slow_k4",

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import demo
-from autotune.results import load_report
+from autotune.core.study_report import load_report
 
 QUESTIONS = "tests/data/formats/questions.jsonl"
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not demo.available(), reason="the demo models ar
 
 
 def _app():
-    from autotune.cli import app
+    from autotune.cli.app import app
 
     return app
 
@@ -57,7 +57,7 @@ def study(tmp_path_factory):
     tests = Path(__file__).resolve().parent
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tests), os.environ.get("PYTHONPATH")])))
-        mp.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+        mp.setattr("autotune.cli.search.ENGINE", "fake_engine")
         mp.setenv("AUTOTUNE_FAKE_NO_ACCEPT", "math")
         r = runner.invoke(_app(), ["search", QUESTIONS, "--turns", "all", "--space", "tests/data/fake_space.yaml",
                                    "--trials", "2", "--try", NGRAM, "--results", str(results), "--study", "q",
@@ -112,7 +112,7 @@ def test_a_prompt_over_the_context_is_refused_up_front_or_dropped(tmp_path, monk
     assert "1 of 2 requests do not fit the model's context of 1024 tokens (max_model_len): '241' (" in \
         " ".join(r.stderr.split()) and "--drop-too-long" in r.stderr
     assert not results.exists()  # refused before any engine started
-    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     r = runner.invoke(_app(), args + ["--drop-too-long"])
     assert r.exit_code == 0, r.output
     assert "--drop-too-long: dropped 1 request(s) over the context of 1024 tokens, e.g. '241'" in r.output

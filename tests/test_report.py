@@ -18,13 +18,15 @@ import pytest
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-from autotune.candidate import Settings
-from autotune.cli import app
-from autotune.report import MIN_TRIALS_FOR_IMPORTANCE, importance_chart, write_report
-from autotune.results import write_results
-from autotune.space import load_space
-from autotune.study import StudyConfig, run_study
-from autotune.workload import load_workload
+from autotune.core.candidate import Settings
+from autotune.cli.app import app
+from autotune.results.charts import MIN_TRIALS_FOR_IMPORTANCE
+from autotune.results.report import importance_chart, write_report
+from autotune.results.files import write_results
+from autotune.core.space import load_space
+from autotune.measure.config import StudyConfig
+from autotune.study.loop import run_study
+from autotune.core.workload import load_workload
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -125,10 +127,10 @@ def test_report_runs_where_vllm_cannot_be_imported(results, tmp_path):
         "        if name.split('.')[0] in ('vllm', 'torch'):\n"
         "            Block.tried.append(name); raise ImportError(name + ' is not installed here')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "from autotune.cli import app\n"
+        "from autotune.cli.app import app\n"
         f"try:\n    app(['report', {str(results)!r}, '-o', {str(tmp_path)!r}])\n"
         "except SystemExit as e:\n    assert not e.code, e.code\n"
-        "assert not Block.tried and 'autotune.engine' not in sys.modules, (Block.tried, 'autotune.engine')\n"
+        "assert not Block.tried and 'autotune.run.engine' not in sys.modules, (Block.tried, 'autotune.run.engine')\n"
     )
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -1,4 +1,4 @@
-"""The depth per batch size (autotune.schedule): pure rules, then studies on the FAKE engine.
+"""The depth per batch size (autotune.study.schedule): pure rules, then studies on the FAKE engine.
 
 The fake engine (tests/fake_engine.py) makes a step of depth k in a batch of c cost 1 + 0.15 c k
 baseline steps at the extra load levels, with every draft accepted: deep speculation wins alone
@@ -11,15 +11,16 @@ import shlex
 
 import pytest
 
-from autotune.candidate import Candidate, Settings
-from autotune.export import command, config_yaml, llm_kwargs_json
-from autotune.load import LoadPattern, level_loads, parse_levels, ramp_limits
-from autotune.errors import BadInput
-from autotune.results import write_results
-from autotune.schedule import LevelPick, best_depths, instance_spread, judge, not_needed, ranges
-from autotune.space import load_space
-from autotune.study import StudyConfig, run_study
-from autotune.workload import load_workload
+from autotune.core.candidate import Candidate, Settings
+from autotune.serve.export import command, config_yaml, llm_kwargs_json
+from autotune.core.load import LoadPattern, level_loads, parse_levels, ramp_limits
+from autotune.core.errors import BadInput
+from autotune.results.files import write_results
+from autotune.study.schedule import LevelPick, best_depths, instance_spread, judge, not_needed, ranges
+from autotune.core.space import load_space
+from autotune.measure.config import StudyConfig
+from autotune.study.loop import run_study
+from autotune.core.workload import load_workload
 
 
 def m(**at):
@@ -231,11 +232,11 @@ def test_levels_through_the_cli_plan_each_levels_best_depth_then_the_schedule(tm
     import pandas as pd
     from typer.testing import CliRunner
 
-    from autotune import candidate
-    from autotune.cli import app
+    from autotune.core import candidate
+    from autotune.cli.app import app
 
     monkeypatch.setattr(candidate, "package_installed", lambda name: False)
-    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     # Quiet windows: with --repeats 1 and one engine per config, the fake's 8% window noise alone
     # would fail the schedule's checks at 1 and 8 in flight too, and the cause asserted below is the ramp's.
     monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
@@ -253,8 +254,8 @@ def test_levels_through_the_cli_plan_each_levels_best_depth_then_the_schedule(tm
     # The model at 8 in flight is fitted on the throughput measured there, not at the study's own level.
     import optuna
 
-    from autotune.space import load_space
-    from autotune.strategy import study_model
+    from autotune.core.space import load_space
+    from autotune.study.strategy import study_model
 
     study = optuna.load_study(study_name="lv", storage=f"sqlite:///{tmp_path / 'lv' / 'study.db'}")
     space = load_space("quick", platform="cpu", models={"draft_model"})
@@ -278,8 +279,9 @@ def test_levels_through_the_cli_plan_each_levels_best_depth_then_the_schedule(tm
 
 
 def test_a_schedule_given_with_try_is_checked_then_judged_like_the_studys_own(tmp_path, fake_engine_env):
-    from autotune.schedule import SCHEDULE_KEY, check_ranges
-    from autotune.search import parse_try
+    from autotune.study.trials import SCHEDULE_KEY
+    from autotune.study.schedule import check_ranges
+    from autotune.cli.search import parse_try
 
     space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
     assert check_ranges([[1, 2, 4], [3, 256, 0]], 4) is None

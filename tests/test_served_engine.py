@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from autotune.engine import diff_counters
-from autotune.metrics import prefill_share
-from autotune.served_engine import PER_POS, parse_counters
+from autotune.run.replay import diff_counters
+from autotune.measure.metrics import prefill_share
+from autotune.run.served_engine import PER_POS, parse_counters
 
 # As vLLM 0.32's /metrics shows them (two label sets of one engine summed; positions out of order).
 METRICS = """\

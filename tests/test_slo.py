@@ -1,7 +1,7 @@
 import pytest
 
-from autotune.errors import BadInput
-from autotune.slo import SLO, goodput, parse_slos
+from autotune.core.errors import BadInput
+from autotune.measure.slo import SLO, goodput, parse_slos
 
 
 def test_parse_forms():

@@ -1,9 +1,9 @@
 import optuna
 import pytest
 
-from autotune.candidate import Candidate, Settings
-from autotune.errors import BadInput
-from autotune.space import load_space, parse_space
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.errors import BadInput
+from autotune.core.space import load_space, parse_space
 
 from conftest import ROOT
 

@@ -3,7 +3,7 @@ flags the variant that resamples from p instead of the residual."""
 
 import numpy as np
 
-from autotune.stats import DEFAULT_ALPHA, two_sample_test
+from autotune.measure.stats import DEFAULT_ALPHA, two_sample_test
 from markov import speculative, target
 
 N = 1000  # samples per side per prompt: power 19/20 at 800 (benchmarks/false_alarm.py)
@@ -43,7 +43,7 @@ def test_correct_sampler_matches_the_target_marginals():
 
 
 def test_sampler_test_bonferroni_over_first_token_and_joint():
-    from autotune.stats import sampler_test
+    from autotune.measure.stats import sampler_test
 
     rng = np.random.default_rng(3)
     base = {"a": [list(s) for s in target(rng, N)]}
@@ -58,7 +58,7 @@ def test_sampler_test_bonferroni_over_first_token_and_joint():
 
 from markov import LATE_START, late_fault, marginals, speculative_batch, target_batch  # noqa: E402
 
-from autotune.stats import HEAD_TOKENS, occupancy_test, sampler_test  # noqa: E402
+from autotune.measure.stats import HEAD_TOKENS, occupancy_test, sampler_test  # noqa: E402
 
 
 def _head(samples):

@@ -1,4 +1,4 @@
-"""Predict, then measure: the step-cost model (autotune.forecast) and the strategies (autotune.strategy).
+"""Predict, then measure: the step-cost model (autotune.forecast.forecast) and the strategies (autotune.study.strategy).
 
 Pure tests on hand-built token streams and a synthetic "true" cost law, then the predict strategy
 end to end on the FAKE engine (tests/fake_engine.py) through the CLI.
@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from autotune.candidate import Candidate
-from autotune.cli import app
-from autotune.forecast import AcceptanceTable, Model, Observation, fit_step_cost, speedup_of, step_cost_of
-from autotune.space import SearchSpace, load_space, parse_space
-from autotune.strategy import next_in_grid, next_predicted
+from autotune.core.candidate import Candidate
+from autotune.cli.app import app
+from autotune.forecast.forecast import AcceptanceTable, Model, Observation, fit_step_cost, speedup_of, step_cost_of
+from autotune.core.space import SearchSpace, load_space, parse_space
+from autotune.forecast.policy import next_in_grid, next_predicted
 
 SPACE = {"baseline": {"method": "none", "kv_cache_dtype": "auto"},
          "params": {"method": {"choices": ["none", "ngram", "draft_model"]},
@@ -199,9 +199,9 @@ def quick_models() -> set[str]:
     """What `autotune search examples/smoke.jsonl --model fake-model --draft-model fake-draft` offers
     the space's ``needs:``: the draft, and the optional packages installed here (Arctic Inference:
     suffix decoding), plus what the workload needs (sampled requests: none in smoke.jsonl)."""
-    from autotune.candidate import Settings
-    from autotune.search import _workload_needs
-    from autotune.workload import load_workload
+    from autotune.core.candidate import Settings
+    from autotune.cli.search import _workload_needs
+    from autotune.core.workload import load_workload
 
     return Settings(model="fake-model", draft_model="fake-draft").available_models() \
         | _workload_needs(load_workload("examples/smoke.jsonl"))
@@ -209,7 +209,7 @@ def quick_models() -> set[str]:
 
 def quick_space_on(platform: dict) -> SearchSpace:
     """The quick space as `autotune search --draft-model ...` over examples/smoke.jsonl builds it on
-    the platform a study reports (best.json's ``platform``: autotune.hardware.describe()): fp8 KV only
+    the platform a study reports (best.json's ``platform``: autotune.run.hardware.describe()): fp8 KV only
     where that platform has AVX-512, AMX or CUDA, suffix only where Arctic Inference is installed.
     Its grid is what `autotune predict` ranks."""
     return load_space("quick", platform=platform["platform"], models=quick_models(), tags=set(platform["tags"]))
@@ -219,9 +219,9 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
                                                                             faked_cpu):
     """On both kinds of CPU (faked: with AVX-512 the quick space has fp8 KV and twice the points it
     has without), so the expectations follow the platform the study reports, never one machine's space."""
-    from autotune import hardware
+    from autotune.run import hardware
 
-    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")  # quiet windows: one round of fresh engines (asserted below)
     monkeypatch.delenv("COLUMNS", raising=False)
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "quick", "--trials", "30", "--model",
@@ -297,8 +297,8 @@ def test_two_studies_of_one_name_in_one_process_replay_their_own_baselines():
     long-lived process) runs several studies called the same; one once forecast from another's."""
     import optuna
 
-    from autotune import attrs
-    from autotune.strategy import study_model
+    from autotune.core import attrs
+    from autotune.study.strategy import study_model
 
     def study(tokens):
         st = optuna.create_study(study_name="same", directions=["maximize"])

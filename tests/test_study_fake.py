@@ -14,14 +14,16 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from autotune.candidate import Settings
-from autotune.config import Quiet
-from autotune.errors import BadInput
-from autotune.results import load_report, write_results
-from autotune.space import load_space
-from autotune.study import StudyConfig, run_study
-from autotune.workload import load_workload
-from autotune.worker import run_trial
+from autotune.core.candidate import Settings
+from autotune.measure.config import Quiet
+from autotune.core.errors import BadInput
+from autotune.core.study_report import load_report
+from autotune.results.files import write_results
+from autotune.core.space import load_space
+from autotune.measure.config import StudyConfig
+from autotune.study.loop import run_study
+from autotune.core.workload import load_workload
+from autotune.run.worker import run_trial
 
 FAKE_SPACE = "tests/data/fake_space.yaml"
 
@@ -117,7 +119,8 @@ def test_ctrl_c_marks_the_running_trial_and_resume_measures_it_again(tmp_path, f
 
 
 def test_baseline_left_running_by_a_hard_kill_runs_again_on_resume(tmp_path, fake_engine_env):
-    from autotune.study import BASELINE, open_study
+    from autotune.core.attrs import BASELINE
+    from autotune.study.opening import open_study
 
     c = cfg(tmp_path, n_trials=1)
     space = load_space(FAKE_SPACE, platform="cpu", models=set())
@@ -135,7 +138,7 @@ def test_baseline_left_running_by_a_hard_kill_runs_again_on_resume(tmp_path, fak
 
 
 def test_a_config_that_misses_an_slo_is_never_on_the_front(tmp_path, fake_engine_env):
-    from autotune.slo import parse_slos
+    from autotune.measure.slo import parse_slos
 
     # Fake timings: baseline e2e ~480 ms per request, ngram k=3 ~120 ms.
     c = cfg(tmp_path, n_trials=2, slos=parse_slos("e2e_ms_p50<=300"))
@@ -153,8 +156,8 @@ def test_a_config_that_misses_an_slo_is_never_on_the_front(tmp_path, fake_engine
 
 
 def test_objectives_at_two_load_levels_keep_both_sides_of_the_trade_off(tmp_path, fake_engine_env):
-    from autotune.load import parse_load
-    from autotune.objectives import normalize_objectives
+    from autotune.core.load import parse_load
+    from autotune.measure.objectives import normalize_objectives
 
     load = parse_load("concurrency=1")
     objectives, extra = normalize_objectives(("output_tok_s@1", "output_tok_s@8"), load)
@@ -178,8 +181,8 @@ def test_objectives_at_two_load_levels_keep_both_sides_of_the_trade_off(tmp_path
 
 
 def test_bad_objective_levels_are_bad_input():
-    from autotune.load import parse_load
-    from autotune.objectives import normalize_objectives, validate_objectives
+    from autotune.core.load import parse_load
+    from autotune.measure.objectives import normalize_objectives, validate_objectives
 
     with pytest.raises(BadInput, match="unknown objective 'speed@8'"):
         validate_objectives(("speed@8",))
@@ -188,8 +191,8 @@ def test_bad_objective_levels_are_bad_input():
 
 
 def test_an_objective_at_the_studys_own_load_is_the_plain_metric():
-    from autotune.load import parse_load
-    from autotune.objectives import normalize_objectives
+    from autotune.core.load import parse_load
+    from autotune.measure.objectives import normalize_objectives
 
     for spelled in ("output_tok_s@2", "output_tok_s@concurrency=2", "output_tok_s"):
         assert normalize_objectives((spelled,), parse_load("concurrency=2")) == (("output_tok_s",), ())
@@ -327,7 +330,7 @@ def _wait_for(predicate, timeout_s):
 
 
 def test_a_running_draft_trace_stalls_no_other_worker_and_runs_once(tmp_path, fake_engine_env, monkeypatch):
-    from autotune.strategy import plan, trace_draft
+    from autotune.study.strategy import plan, trace_draft
 
     module = _engine(tmp_path, monkeypatch, "gated_trace", GATED_TRACE)
     gate = tmp_path / "gate"
@@ -371,7 +374,7 @@ def test_a_run_with_another_model_workload_or_load_may_not_join_the_study(tmp_pa
     other = load_workload("examples/json_edit.jsonl")
     with pytest.raises(BadInput, match=r"^WORKLOAD \(its requests\): study 'fake' was made with workload="):
         run_study(cfg(tmp_path, n_trials=2), other, space, resume=True)
-    from autotune.load import LoadPattern
+    from autotune.core.load import LoadPattern
 
     with pytest.raises(BadInput, match=r"^--load/--concurrency/--levels: .*'concurrency=4'"):
         run_study(cfg(tmp_path, n_trials=2, load=LoadPattern(concurrency=4)), wl, space, resume=True)
@@ -398,14 +401,14 @@ def _sampled_workload(tmp_path):
 
 
 def _tok_s(outcome):
-    from autotune.metrics import measure
+    from autotune.measure.metrics import measure
 
     return [measure(w)["output_tok_s"] for w in outcome.raw["windows"]]
 
 
 def test_the_fake_engines_windows_are_noisy_per_instance_and_reproducible(tmp_path, fake_engine_env, monkeypatch):
-    from autotune.candidate import Candidate
-    from autotune.evaluate import trial_job
+    from autotune.core.candidate import Candidate
+    from autotune.run.evaluate import trial_job
 
     job = trial_job(Candidate({"method": "none"}), load_workload("examples/smoke.jsonl"), cfg(tmp_path, repeats=8))
     a = _tok_s(run_trial(job, tmp_path / "trials" / "0001", timeout_s=20))
@@ -443,7 +446,7 @@ def test_a_lossy_config_is_picked_only_on_a_significant_gain(tmp_path, fake_engi
     """Lossless first, on noisy windows: fp8 KV on the same ngram config is no faster in the fake
     engine, so whatever the noise makes it measure, the lossless config is the pick; planted 1.5x
     faster, its gain is significant and it is. Drift within its budget either way (0.08 < 0.1)."""
-    from autotune.validate import Tolerances
+    from autotune.measure.validate import Tolerances
 
     if gain:
         monkeypatch.setenv("AUTOTUNE_FAKE_LOSSY_GAIN", gain)
@@ -490,9 +493,9 @@ def test_a_lossy_speculative_trial_is_judged_against_its_config_without_speculat
     speculation in a process of its own, and the trial's speculation is judged against that run.
     A correct sampler passes although fp8 moves the draws away from the baseline's (lossy on
     purpose); a broken one (AUTOTUNE_FAKE_SHIFT) fails for its sampler even with drift in budget."""
-    from autotune.study import trial_dir
-    from autotune.validate import Tolerances
-    from autotune.worker import UNSPECULATED_DIR
+    from autotune.study.trials import trial_dir
+    from autotune.measure.validate import Tolerances
+    from autotune.run.worker import UNSPECULATED_DIR
 
     if shift:
         monkeypatch.setenv("AUTOTUNE_FAKE_SHIFT", shift)

@@ -1,6 +1,6 @@
 import pytest
 
-from autotune.validate import Tolerances, Unspeculated, agreement, check_expect, logprob_drift, verdict
+from autotune.measure.validate import Tolerances, Unspeculated, agreement, check_expect, logprob_drift, verdict
 
 
 def rec(id, tokens, text="", finish="stop"):

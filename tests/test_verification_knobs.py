@@ -7,12 +7,12 @@ import shlex
 import optuna
 import pytest
 
-from autotune.candidate import Candidate, Settings
-from autotune.export import command
-from autotune.forecast import knobs, plain
-from autotune.search import _workload_needs, parse_try
-from autotune.space import load_space
-from autotune.workload import load_workload
+from autotune.core.candidate import Candidate, Settings
+from autotune.serve.export import command
+from autotune.forecast.forecast import knobs, plain
+from autotune.cli.search import _workload_needs, parse_try
+from autotune.core.space import load_space
+from autotune.core.workload import load_workload
 
 SETTINGS = Settings(model="/m/t", draft_model="/m/d", max_model_len=512)
 TAGS = {"cpu", "cpu-avx512"}
@@ -98,8 +98,8 @@ def test_try_leaves_the_verification_knobs_at_vllms_defaults():
 def test_a_warm_start_from_results_before_these_knobs_re_measures_the_deployed_config(tmp_path):
     from rich.console import Console
 
-    from autotune.results import SCHEMA_VERSION
-    from autotune.search import warm_start
+    from autotune.results.files import SCHEMA_VERSION
+    from autotune.cli.search import warm_start
 
     old = {"schema_version": SCHEMA_VERSION, "best": {"label": "draft_model k=2 compiled", "candidate": {
         "method": "draft_model", "num_speculative_tokens": 2, "kv_cache_dtype": "auto", "dtype": "default",
@@ -115,8 +115,8 @@ def test_a_warm_start_re_measures_a_deployed_schedule_as_deployed(tmp_path):
     start re-measured its fixed depth instead (the schedule is no space parameter)."""
     from rich.console import Console
 
-    from autotune.results import SCHEMA_VERSION
-    from autotune.search import warm_start
+    from autotune.results.files import SCHEMA_VERSION
+    from autotune.cli.search import warm_start
 
     cand = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
             "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 256, 0]], "kv_cache_dtype": "auto",

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune import errors
-from autotune.cli import app
-from autotune.deployed import Deployed, project
-from autotune.errors import BadInput
-from autotune.forecast import AcceptanceTable, Model, Observation
-from autotune.live import fetch_metrics, parse_scrape, window
-from autotune.predict import Acceptance
-from autotune.servers import free_port
-from autotune.watch import DRIFT, IDLE, OK, judge, parse_interval
+from autotune.core import errors
+from autotune.cli.app import app
+from autotune.gate.deployed import Deployed, project
+from autotune.core.errors import BadInput
+from autotune.forecast.forecast import AcceptanceTable, Model, Observation
+from autotune.gate.live import fetch_metrics, parse_scrape, window
+from autotune.forecast.predict import Acceptance
+from autotune.serve.servers import free_port
+from autotune.gate.watch import DRIFT, IDLE, OK, judge, parse_interval
 
 DATA = Path(__file__).resolve().parent / "data" / "watch"
 PAGES = {n: (DATA / f"{n}.txt").read_text() for n in ("start", "edit", "chat")}
@@ -246,7 +246,7 @@ def _results(tmp_path: Path, best: dict | None) -> Path:
 
 
 class Clock:
-    """time for autotune.watch: a sleep passes at once, and the window is as long as asked."""
+    """time for autotune.gate.watch: a sleep passes at once, and the window is as long as asked."""
 
     def __init__(self):
         self.now = 0.0
@@ -262,7 +262,7 @@ class Clock:
 
 def test_cli_once_ok_then_drift_with_json_and_a_profile(tmp_path, server, monkeypatch):
     url, pages = server
-    monkeypatch.setattr("autotune.watch.time", Clock())
+    monkeypatch.setattr("autotune.gate.watch.time", Clock())
     results = _results(tmp_path, _best())
     pages += [PAGES["start"], PAGES["edit"]]
     r = runner.invoke(app, ["watch", str(results), "--url", url, "--interval", "10", "--once"])
@@ -310,9 +310,9 @@ def test_a_saved_study_gives_the_model_the_replays_and_the_load(tmp_path, monkey
     """A real results folder and Optuna storage (trials on the FAKE engine, whose outputs never
     repeat, so ngram replays to no drafts): live acceptance far above the study's is drift too,
     and the forecast at it rises."""
-    from autotune.deployed import load_deployed
+    from autotune.gate.deployed import load_deployed
 
-    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "tests/data/fake_space_ok.yaml",
                             "--trials", "2", "--study", "dep", "--try", '{"method": "ngram", "num_speculative_tokens": 3}',
                             "--model", "fake-model", "--samples", "0", "--results", str(tmp_path), "--no-remeasure"])
@@ -333,8 +333,8 @@ def test_a_saved_study_gives_the_model_the_replays_and_the_load(tmp_path, monkey
 def test_per_request_replays_add_up_to_the_studys_replay(params):
     """ngram's requests replay alone; suffix decoding's share one cache, each request after the ones
     before it, so that they add up to the whole workload's replay too."""
-    from autotune.deployed import per_request
-    from autotune.predict import suffix_available
+    from autotune.gate.deployed import per_request
+    from autotune.forecast.predict import suffix_available
 
     if params["method"] == "suffix" and not suffix_available():
         pytest.skip("Arctic Inference is not installed")

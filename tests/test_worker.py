@@ -1,11 +1,11 @@
-"""The worker process (autotune.worker): failure reasons, and a worker's whole process group ended."""
+"""The worker process (autotune.run.worker): failure reasons, and a worker's whole process group ended."""
 
 import os
 import signal
 import sys
 import time
 
-from autotune.worker import failure_reason, run_trial
+from autotune.run.worker import failure_reason, run_trial
 
 
 def test_failure_reason_keeps_the_telling_lines():
@@ -19,7 +19,7 @@ def test_failure_reason_keeps_the_telling_lines():
 
 
 def test_a_known_vllm_fault_in_the_worker_log_is_explained(tmp_path):
-    from autotune.worker import explain
+    from autotune.run.worker import explain
 
     log = tmp_path / "worker.log"
     log.write_text("...\n  File \"gpu_model_runner.py\", line 3502\n    gen.set_offset(gen.get_offset() - 4)\n"
@@ -86,7 +86,7 @@ def test_worker_timeout_ends_the_whole_process_group(tmp_path, monkeypatch):
 
 
 # A job that starts a "server" in a session of its own, as the served instrument starts `vllm serve`
-# (autotune.served_engine), records its group where the parent looks for it, and hangs.
+# (autotune.run.served_engine), records its group where the parent looks for it, and hangs.
 HANG_WITH_A_SERVER = '''
 import subprocess
 import sys

@@ -16,16 +16,21 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from autotune import devices, storage
-from autotune.candidate import Candidate, Settings
-from autotune.errors import BadInput
-from autotune.optuna_private import stale_trial_ids
-from autotune.pareto import pareto_trials
-from autotune.results import write_results
-from autotune.space import load_space
-from autotune.study import BASELINE, StudyConfig, _fail_stale, open_study, run_study
-from autotune.worker import run_trial
-from autotune.workload import load_workload
+from autotune.run import devices
+
+from autotune.study import storage
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.errors import BadInput
+from autotune.study.optuna_private import stale_trial_ids
+from autotune.study.pareto import pareto_trials
+from autotune.results.files import write_results
+from autotune.core.space import load_space
+from autotune.core.attrs import BASELINE
+from autotune.measure.config import StudyConfig
+from autotune.study.loop import _fail_stale, run_study
+from autotune.study.opening import open_study
+from autotune.run.worker import run_trial
+from autotune.core.workload import load_workload
 
 from conftest import ROOT, TESTS
 
@@ -172,9 +177,9 @@ def test_search_cli_with_two_workers_prints_json(tmp_path, fake_engine_env, monk
     """`autotune search --workers 2 --json` end to end through the CLI, trials on the FAKE engine."""
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.app import app
 
-    monkeypatch.setenv("AUTOTUNE_ENGINE_MODULE", "fake_engine")
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "0.5")  # trials overlap, as real ones do
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--model", "fake-model", "--space", SPACE,

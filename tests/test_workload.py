@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from autotune.errors import BadInput
-from autotune.workload import load_workload
+from autotune.core.errors import BadInput
+from autotune.core.workload import load_workload
 
 
 def write(tmp_path, text, name="w.jsonl", mode="w"):
@@ -150,7 +150,7 @@ def test_category_is_kept_by_every_reader(tmp_path):
 
 
 def test_turns_expand_to_one_job_request_per_turn():
-    from autotune.workload import expand_turns
+    from autotune.core.workload import expand_turns
 
     reqs = [{"id": "q", "turns": ["a", "b"], "sampling": {}, "expect": {"contains": "x"}, "category": "c"},
             {"id": "p", "prompt": "z", "sampling": {}, "expect": {}}]
@@ -159,7 +159,7 @@ def test_turns_expand_to_one_job_request_per_turn():
 
 
 def test_valid_expectations_load_and_are_checked(tmp_path):
-    from autotune.validate import check_expect
+    from autotune.measure.validate import check_expect
 
     p = write(tmp_path, '{"prompt": "a", "expect": {"regex": "^\\\\d+$", "contains": "4", "json": false}}\n')
     expect = load_workload(p).requests[0].expect

@@ -5,9 +5,9 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune.errors import BadInput
-from autotune.validate import check_expect
-from autotune.workload import Workload, load_workload
+from autotune.core.errors import BadInput
+from autotune.measure.validate import check_expect
+from autotune.core.workload import Workload, load_workload
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),

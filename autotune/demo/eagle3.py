@@ -12,7 +12,7 @@ so it predicts token p + 2.
 
 This module mirrors that computation, so the same code trains the head
 (``scripts/train_eagle3.py``) and replays what vLLM drafts along a baseline's tokens
-(``trace``: the forecast's input, ``autotune.predict.eagle3_acceptance``).
+(``trace``: the forecast's input, ``autotune.forecast.predict.eagle3_acceptance``).
 Imports torch and transformers; only the training script, the trace and the tests use it.
 """
 
@@ -258,7 +258,7 @@ def chained_drafts(head: Eagle3Head, tokens: Sequence[int], aux: torch.Tensor, s
 
 def trace(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, depth: int, head_dir: Path = HEAD,
           target_dir: Path = TARGET, threads: int | None = None) -> list[dict[str, list]]:
-    """For each (prompt ids, output ids) pair, what the replay (``autotune.predict.Eagle3Trace``) needs:
+    """For each (prompt ids, output ids) pair, what the replay (``autotune.forecast.predict.Eagle3Trace``) needs:
 
     - ``drafts``: the head's chained greedy drafts of ``depth`` tokens at every decode step a
       request could be at: entry i is what vLLM drafts once output[:i + 1] is known (for

@@ -1,0 +1,1 @@
+"""The edge: Typer commands and Rich presentation. Nothing below imports from here."""

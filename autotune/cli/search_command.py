@@ -1,0 +1,192 @@
+"""`autotune search`: its forty options, parsed into SearchOptions for autotune.cli.search."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from autotune.cli import edge
+from autotune.cli.edge import (_TURNS_HELP, Strategy, _choice, _instrument, _turns, _workload_format, app, console, err)
+from autotune.core import errors
+from autotune.core.formats import FORMATS
+from autotune.cli.present import search_summary
+
+
+@app.command(epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
+             "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30")
+def search(
+    workload: Annotated[Path, typer.Argument(help="Workload JSONL (native form; see README).")],
+    model: Annotated[Optional[str], typer.Option(help="Target model (path or HF id). Default: the bundled demo pair.",
+                                                 envvar="AUTOTUNE_MODEL")] = None,
+    draft_model: Annotated[Optional[str], typer.Option(help="Draft model for method draft_model.",
+                                                       envvar="AUTOTUNE_DRAFT_MODEL")] = None,
+    eagle_head: Annotated[Optional[str], typer.Option(help="EAGLE draft head (GPU).")] = None,
+    eagle3_head: Annotated[Optional[str], typer.Option(help="EAGLE-3 draft head (GPU).")] = None,
+    space: Annotated[Optional[str], typer.Option(help="Search space: bundled name (cpu, gpu, quick) or YAML file. "
+                                                      "Default: the platform's.", envvar="AUTOTUNE_SPACE")] = None,
+    format: Annotated[str, typer.Option("--format", help=f"Workload format: {', '.join(FORMATS)} (questions: "
+                                                        "Spec-Bench, MT-Bench).")] = "auto",
+    output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none "
+                                                              "(vllm-bench files carry prompts only).")] = None,
+    turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
+    drop_too_long: Annotated[bool, typer.Option(help="Leave out requests whose prompt + max_tokens exceed the "
+                                                     "model's context (default: refuse them, exit 2).")] = False,
+    trials: Annotated[int, typer.Option(min=1, help="Trials to finish at most, the baseline included.")] = 8,
+    strategy: Annotated[str, typer.Option(help="How candidates are chosen: predict (forecast every candidate from "
+                                               "the baseline's tokens and the step costs measured so far, measure "
+                                               "what can win, stop when nothing can beat the best by more than "
+                                               "the noise), grid (the space in order), tpe or random (Optuna's "
+                                               "samplers).")] = "predict",
+    instrument: Annotated[str, typer.Option(help="How each trial is measured: served (the candidate's exported "
+                                                 "`vllm serve` command, driven over HTTP: the number users get) "
+                                                 "or inprocess (vLLM's AsyncLLM in the worker: skips the serving "
+                                                 "cost of each request, so it overstates speedups).")] = "served",
+    remeasure: Annotated[bool, typer.Option("--remeasure/--no-remeasure", help="Then measure the pick and the "
+                                            "baseline once more, each on a fresh engine, and pool the windows, so "
+                                            "the pick's interval includes the spread between engine instances "
+                                            "(two trials on top of --trials).")] = True,
+    pairs: Annotated[int, typer.Option(min=1, help="Rounds of fresh engines for the pick and the baseline at "
+                                       "most: after the first, another is added while the pick's speedup, "
+                                       "with engine instances paired as the unit, cannot be told from a tie "
+                                       "(within 3%); best.json states the resolution reached.")] = 3,
+    past_edge: Annotated[bool, typer.Option("--past-edge/--no-past-edge", help="--strategy predict: before "
+                                            "stopping, measure one step past an edge of the space (a deeper "
+                                            "k, a longer lookup) that the best config sits on, when the "
+                                            "forecast there beats it by more than the noise.")] = True,
+    prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Stop a candidate after its first "
+                                        "window when even twice the noise leaves it below the best measured "
+                                        "config (and its forecast's top agrees): recorded as pruned, with "
+                                        "why.")] = True,
+    schedule: Annotated[bool, typer.Option("--schedule/--no-schedule", help="With two or more concurrency "
+                                           "levels (--levels, or METRIC@LEVEL objectives): measure the pick's "
+                                           "method at each level's best depth and then a depth per batch size "
+                                           "(on top of --trials).")] = True,
+    study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
+                                                   envvar="AUTOTUNE_STORAGE")] = None,
+    results: Annotated[Path, typer.Option(help="Results root; files go to RESULTS/STUDY/.",
+                                          envvar="AUTOTUNE_RESULTS")] = Path("results"),
+    objectives: Annotated[str, typer.Option(help="Comma-separated objectives, primary first; METRIC@LEVEL scores "
+                                                 "a metric at another load level, measured on the same engine "
+                                                 "(e.g. output_tok_s@1,output_tok_s@16).")] = "output_tok_s,e2e_ms_p50",
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (closed loop); "
+                                                       "shorthand for --load concurrency=N.")] = 1,
+    load: Annotated[Optional[str], typer.Option(help="Load pattern: concurrency=N, batch, poisson=RATE (req/s), "
+                                                     "replay (the workload's arrival_s) or ramp=N (in flight "
+                                                     "rising from 1 to N and back).")] = None,
+    levels: Annotated[Optional[str], typer.Option(help="Concurrency levels the service will see, e.g. 1,8: every "
+                                                       "trial is measured at each (the first is the study's own "
+                                                       "load) and under a ramp between them; the pick's method "
+                                                       "then gets a depth per batch size "
+                                                       "(num_speculative_tokens_per_batch_size), kept only if it "
+                                                       "is within the noise of the best fixed depth at every "
+                                                       "level and under the ramp.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Measured windows per trial (median and MAD reported).")] = 2,
+    max_repeats: Annotated[int, typer.Option(min=0, help="Re-measure a candidate whose throughput spread (MAD) is "
+                                                        "over 3%, up to this many windows in all (0: never).")] = 4,
+    slo: Annotated[Optional[str], typer.Option(help="SLOs as constraints, e.g. 'ttft_ms_p95<=500,tpot_ms_p50<=40'; "
+                                                    "a config that misses one is never on the Pareto front.")] = None,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured warm-up requests per engine.")] = 2,
+    trial_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a trial is ended and failed.")] = 600,
+    max_model_len: Annotated[Optional[int], typer.Option(help="Passed to vLLM.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Model dtype, passed to vLLM (default: vLLM's auto; "
+                                                     "float32 for the demo pair).")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(
+        help="Passed to vLLM (on CPU: share of host RAM for the KV cache). Default 0.3 on CPU.")] = None,
+    max_drift: Annotated[float, typer.Option(min=0, max=1, help="Allowed token disagreement for lossy configs "
+                                                              "(used where log-probs are not measured).")] = 0.10,
+    lossless_tolerance: Annotated[float, typer.Option(min=0, max=1, help="Allowed disagreement for speculation-only configs.")] = 0.02,
+    max_logprob_drift: Annotated[float, typer.Option(min=0, help="Allowed mean |log-prob change| (nats/token) of the "
+                                                            "baseline's greedy tokens for lossy configs; where "
+                                                            "log-probs are measured it replaces --max-drift.")] = 0.05,
+    lossy_min_gain: Annotated[float, typer.Option(min=0, help="Lossless first: a lossy pick (KV dtype, dtype, "
+                                                              "quantization) must beat the best lossless config by "
+                                                              "more than this share, its 95% interval above it; "
+                                                              "else the lossless config is the pick.")] = 0.03,
+    allow_unverified: Annotated[bool, typer.Option(help="Let a candidate whose applicable checks did not run "
+                                                       "(\"unverified\") be the pick.")] = False,
+    samples: Annotated[int, typer.Option(min=0, help="Draws per sampled request for the distribution test "
+                                                    "against the baseline (0: skip the test).")] = 64,
+    sample_tokens: Annotated[int, typer.Option(min=1, help="Tokens per draw: the test compares the first token, "
+                                                          "the first three jointly and the later tokens and "
+                                                          "token pairs, so a fault that starts late is seen.")] = 24,
+    seed: Annotated[int, typer.Option(help="Sampler and engine seed.")] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue an existing study of the same name.")] = False,
+    warm_start: Annotated[Optional[Path], typer.Option(
+        help="Old results (folder or best.json): re-measure its pick and Pareto set first.",
+        envvar="AUTOTUNE_WARM_START")] = None,
+    try_: Annotated[Optional[list[str]], typer.Option(
+        "--try", help="A config to measure first, as JSON of space parameters, e.g. "
+                      "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'; knobs left out take the "
+                      "space's baseline values (kv_cache_dtype, quantization, ...), the verification knobs vLLM's "
+                      "(rejection_sample_method standard, draft_sample_method greedy). Repeatable.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow model repos to run their own code.")] = False,
+    workers: Annotated[int, typer.Option(min=1, envvar="AUTOTUNE_WORKERS",
+                                         help="Trials run in parallel, each on its own share of this host's "
+                                              "devices (GPUs, or CPU cores). More hosts: run search on each with "
+                                              "the same --study and --storage (and --resume to join).")] = 1,
+    confirm: Annotated[bool, typer.Option("--confirm/--no-confirm", help="Then serve the pick as exported and "
+                                          "the baseline, 3 rounds a side, measured with vllm bench serve "
+                                          "(autotune confirm): best.json gets the served speedup beside the "
+                                          "claim.")] = False,
+    json_: Annotated[bool, typer.Option("--json", help="Print the results (best.json) as JSON on stdout; "
+                                                       "progress goes to stderr.")] = False,
+) -> None:
+    """Search for the fastest correct vLLM config for WORKLOAD and write results/<study>/."""
+    from autotune.cli.search import SearchOptions, run_search
+
+    opts = SearchOptions(workload=workload, model=model, draft_model=draft_model, eagle_head=eagle_head,
+                         eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
+                         turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
+                         strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, pairs=pairs, past_edge=past_edge, prune=prune, schedule=schedule,
+                         instrument=_instrument(instrument),
+                         study=study, storage=storage, results=results, objectives=objectives,
+                         concurrency=concurrency, load=load, levels=levels, repeats=repeats, max_repeats=max_repeats, slo=slo,
+                         warmup=warmup, trial_timeout=trial_timeout, max_model_len=max_model_len, dtype=dtype,
+                         gpu_memory_utilization=gpu_memory_utilization, max_drift=max_drift,
+                         lossless_tolerance=lossless_tolerance, max_logprob_drift=max_logprob_drift,
+                         lossy_min_gain=lossy_min_gain, allow_unverified=allow_unverified, samples=samples,
+                         sample_tokens=sample_tokens, seed=seed, resume=resume,
+                         warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
+                         workers=workers, json=json_)
+    say = err if json_ else console  # --json: stdout carries the JSON only
+    try:
+        report = run_search(opts, say, verbose=edge.verbose())
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/yellow] the running trial is recorded as failed; "
+                  "continue with the same command and --resume")
+        raise typer.Exit(errors.INTERRUPTED) from None
+    out = opts.results / report["study"]
+    if not json_:
+        search_summary(say, report, out)
+    if confirm and report.get("best"):
+        report = _confirm_after_search(out, opts, say, show=not json_)
+    if json_:
+        print(json.dumps(report, indent=2))
+    if not report.get("best"):
+        raise typer.Exit(errors.FAILED)
+
+
+def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool) -> dict[str, Any]:
+    """`search --confirm`: serve the pick and the baseline (autotune confirm); the updated report."""
+    from autotune.gate.confirm import confirm as run_confirm
+    from autotune.core.study_report import load_report
+    from autotune.serve.served import served_line
+
+    try:
+        run_confirm(out, workload=opts.workload, format=opts.format, output_len=opts.output_len, turns=opts.turns,
+                    drop_too_long=opts.drop_too_long,
+                    say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/yellow] the study's results are written; servers ended")
+        raise typer.Exit(errors.INTERRUPTED) from None
+    report = load_report(out)
+    if show:
+        say.print(served_line(report), highlight=False, markup=False, soft_wrap=True)
+    return report
+
+

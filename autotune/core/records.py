@@ -1,0 +1,101 @@
+"""The records that cross between layers, typed: job -> raw run -> measurement (-> verdict).
+
+They stay plain JSON-able dicts (a job and a raw run cross a process boundary as JSON files, a
+measurement is stored in Optuna's user attributes), typed as TypedDicts so that a reader and a
+writer agree on the keys. The verdict is a dataclass: ``autotune.measure.validate.Verdict``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+try:  # Python 3.11+
+    from typing import NotRequired
+except ImportError:  # pragma: no cover
+    from typing_extensions import NotRequired
+
+
+class JobRequest(TypedDict):
+    """One workload request as a worker replays it."""
+
+    id: str
+    sampling: dict[str, Any]  # vLLM SamplingParams keyword arguments
+    expect: dict[str, Any] | None
+    prompt: NotRequired[str]
+    messages: NotRequired[list[dict[str, str]]]
+    turns: NotRequired[list[str]]  # a conversation, each turn sent after the model's own answer
+    category: NotRequired[str]
+    arrival_s: NotRequired[float]
+
+
+class Replay(TypedDict):
+    """How a worker replays the workload."""
+
+    load: dict[str, Any]  # autotune.core.load.LoadPattern.to_dict()
+    extra_loads: list[dict[str, Any]]
+    repeats: int
+    max_repeats: int
+    warmup: int
+    samples: int
+    sample_tokens: int
+    instrument: NotRequired[str]  # "served" or "inprocess" (autotune.cli.app.Instrument)
+
+
+class Job(TypedDict):
+    """What a worker runs: one candidate's engine, the requests, the replay settings."""
+
+    engine_kwargs: dict[str, Any]
+    requests: list[JobRequest]
+    replay: Replay
+    engine_module: str  # autotune.run.engine, or a FAKE engine in orchestration tests
+    reference: NotRequired[dict[str, list[int]]]  # request id -> the baseline's greedy tokens, to score
+    inject_fault: NotRequired[dict[str, Any]]  # planted faults, for testing the checks (never set by a study)
+    # A lossy config with speculation: the same config without it, run in a process of its own as
+    # the reference of its speculation (autotune.run.evaluate.unspeculated_job, autotune.run.worker.run_trial).
+    unspeculated: NotRequired[Job]
+
+
+class RequestRecord(TypedDict):
+    """One request as the engine saw it: raw timestamps (seconds from the window start) and tokens."""
+
+    id: str
+    start: float
+    end: float
+    chunks: list[list[float]]  # [time, tokens in this streamed chunk]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    error: str | None
+    prompt_tokens: int | None
+    prompt_token_ids: NotRequired[list[int]]
+
+
+class Window(TypedDict):
+    """One measured replay of the whole workload, on a cold prefix cache."""
+
+    window_s: float
+    requests: list[RequestRecord]
+    spec_counters: dict[str, Any]  # vLLM's speculative-decoding counters, diffed around the window
+
+
+class RawRun(TypedDict):
+    """What a worker returns: every window, at every load level, plus the correctness evidence."""
+
+    engine_init_s: float
+    warmup_s: float
+    windows: list[Window]
+    levels: dict[str, list[Window]]  # extra load level label -> its windows
+    samples: dict[str, list[list[int]]]  # sampled request id -> draws (token ids)
+    scores: NotRequired[dict[str, dict[str, Any]]]  # request id -> teacher-forced log-probs of a path
+    # The job's unspeculated reference run: {"outputs": request records, "samples": draws}, or {"error": why}.
+    unspeculated: NotRequired[dict[str, Any]]
+    vllm_version: str
+    load: dict[str, Any]
+
+
+# A measurement (autotune.measure.metrics.measure_run) is a flat dict: metric name -> value, with
+# ``metric@level`` keys for the extra load levels, ``metric_mad`` and ``metric_windows`` spreads,
+# acceptance (``acceptance_rate``, ``mean_accepted_length``, ``acceptance_by_pos``) and counts
+# (``windows``, ``completed``, ``incomplete``, ``requests``). Its keys are open-ended (one per
+# level), so it is a mapping, not a TypedDict.
+Measurement = dict[str, Any]

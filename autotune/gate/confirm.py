@@ -1,0 +1,323 @@
+"""Confirm the pick the way users run it: serve the exported command, measure it with vLLM's own client.
+
+A study measures each config on one or two engine instances (served by default, `--instrument`);
+the served figure moves from one server instance to the next by more than the windows inside one
+instance show (benchmarks/data/served_gap*.json). So this step:
+
+- serves the pick with ``serve.sh`` as written and the baseline through the same launcher
+  (``confirm/baseline.sh``, built by the same ``serve_script``), in alternating rounds
+  (baseline, pick, baseline, pick, ...), a fresh server each round;
+- measures each with ``vllm bench serve`` (run through ``python -m autotune.vllm_cli bench serve``,
+  which also works on the CPU build) on the study's workload and load, each round's JSON kept;
+- reports the served speedup, median(pick tok/s) / median(baseline tok/s) over rounds with a 95%
+  bootstrap interval over rounds, beside the study's claim, and writes both into best.json.
+
+Every server starts in its own session; the ready-wait tells a crash (the process exited) from a
+timeout; the whole process group is ended (SIGTERM, then SIGKILL) and checked to be gone
+(autotune.serve.servers). What the client sends is autotune.serve.bench_client; the verdict and the comparison
+`check` makes are autotune.serve.served. Just over 300 lines: the step writes its files and best.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import BadInput
+from autotune.serve.bench_client import DEFAULT_WARMUPS, ClientPlan, _num, _scaled, client_plan, read_bench
+from autotune.serve.served import served_line, verdict
+from autotune.serve.servers import BENCH_TIMEOUT_S, HOST, READY_TIMEOUT_S, ServeFailed, free_port, run_client, serving
+
+CONFIRM_DIR = "confirm"  # under the results folder: scripts, dataset, server logs, bench results
+DATASET = "workload.jsonl"  # the workload as `vllm bench serve --dataset-name custom` reads it
+DEFAULT_ROUNDS = 3
+SIDES = ("baseline", "pick")
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One server instance measured by one ``vllm bench serve`` run."""
+
+    round: int
+    side: str
+    output_tok_s: float
+    tpot_ms_p50: float | None
+    ttft_ms_p50: float | None
+    e2e_ms_p50: float | None
+    acceptance_rate: float | None  # accepted / drafted tokens, from the server's counters (speculative side)
+    mean_accepted_length: float | None
+    completed: int
+    duration_s: float
+    ready_s: float  # from start to a healthy /health
+    server_pid: int  # also its process-group id, ended and checked empty after the round
+    result_file: str  # relative to the results folder
+    server_log: str
+    bench_log: str
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return float(statistics.median(vals)) if vals else None
+
+
+def _side_summary(rounds: list[RoundResult]) -> dict[str, Any]:
+    return {"output_tok_s": _median([r.output_tok_s for r in rounds]),
+            "tpot_ms_p50": _median([r.tpot_ms_p50 for r in rounds]),
+            "ttft_ms_p50": _median([r.ttft_ms_p50 for r in rounds]),
+            "e2e_ms_p50": _median([r.e2e_ms_p50 for r in rounds]),
+            "acceptance_rate": _median([r.acceptance_rate for r in rounds]),
+            "mean_accepted_length": _median([r.mean_accepted_length for r in rounds])}
+
+
+# ---------------------------------------------------------------------------------------------
+# The step
+
+
+def _launcher(python: str) -> list[str]:
+    """The launcher serve.sh uses on the CPU build; it runs vLLM's own subcommands on any build."""
+    return [python, "-m", "autotune.vllm_cli"]
+
+
+def _render_with(model: str, *, trust_remote_code: bool) -> Callable[[list[dict[str, str]]], str]:
+    tok = None
+
+    def render(messages: list[dict[str, str]]) -> str:
+        from autotune.core.workload import chat_text
+
+        nonlocal tok
+        if tok is None:
+            from autotune.core.context import load_tokenizer
+
+            tok = load_tokenizer(model, trust_remote_code=trust_remote_code)
+        return chat_text(tok, messages)
+
+    return render
+
+
+def _load_workload(report: dict[str, Any], workload: Any, *, fmt: str, output_len: int | None, turns: str | None,
+                   drop_too_long: bool) -> Any:
+    from autotune.core.workload import Workload, load_workload
+
+    if isinstance(workload, Workload):
+        return workload
+    path = workload if workload is not None else report.get("workload")
+    if path is None:
+        raise BadInput("best.json: key 'workload': no workload path recorded; pass the workload file")
+    if workload is None and not Path(path).exists():
+        raise BadInput(f"best.json: key 'workload': {path}: no such file from here (run from the folder the "
+                       "study ran in, or pass the workload file)")
+    wl = load_workload(path, format=fmt, output_len=output_len, turns=turns)
+    if drop_too_long:  # as the study did: requests over the model's context are left out
+        from autotune.core.context import fit_model
+
+        kw = report["best"]["engine_kwargs"]
+        wl = fit_model(wl, model=kw["model"], max_model_len=kw.get("max_model_len"), tokenizer=kw.get("tokenizer"),
+                       trust_remote_code=bool(kw.get("trust_remote_code")), drop=True).workload
+    return wl
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+SECTION = "## Served (vllm serve + vllm bench serve)"
+
+
+def _update_markdown(results_dir: Path, report: dict[str, Any]) -> None:
+    """Replace (or add) the served section of report.md."""
+    path = results_dir / "report.md"
+    if not path.is_file():
+        return
+    text = path.read_text()
+    head = text.split("\n" + SECTION + "\n")[0].rstrip("\n") + "\n"
+    sv = report["best"]["served"]
+    lines = ["", SECTION, "", served_line(report) or ""]
+    if not sv.get("failure"):
+        lines += ["", "| round | baseline tok/s | pick tok/s |", "|---|---|---|"]
+        lines += [f"| {i + 1} | {b:.1f} | {p:.1f} |"
+                  for i, (b, p) in enumerate(zip(sv["baseline_output_tok_s"], sv["pick_output_tok_s"]))]
+        lines += ["", f"Result files: `{CONFIRM_DIR}/`."] + [f"- note: {n}" for n in sv["client"]["notes"]]
+    path.write_text(head + "\n".join(lines) + "\n")
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """Everything the rounds need: where files go, the scripts to serve, the client's command."""
+
+    results_dir: Path
+    out: Path
+    plan: ClientPlan
+    scripts: dict[str, Path]
+    client: list[str]
+    env: dict[str, str]
+    platform: str
+
+    def rel(self, q: Path) -> str:
+        return str(Path(q).relative_to(self.results_dir))
+
+
+def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, python: str) -> _Setup:
+    """Write the dataset and the baseline's serve script; build the client's command."""
+    from autotune.run import hardware
+    from autotune.serve.export import serve_script
+
+    best, base = report["best"], report["baseline"]
+    platform = (report.get("platform") or {}).get("platform") or hardware.detect()
+    kw = best["engine_kwargs"]
+    plan = client_plan(list(wl.requests), load=report.get("load"), warmups=warmups,
+                       render=_render_with(kw.get("tokenizer") or kw["model"],
+                                           trust_remote_code=bool(kw.get("trust_remote_code"))))
+    out = results_dir / CONFIRM_DIR
+    out.mkdir(exist_ok=True)
+    dataset = out / DATASET
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in plan.rows))
+    scripts = {"baseline": out / "baseline.sh", "pick": results_dir / "serve.sh"}
+    scripts["baseline"].write_text(serve_script(base["engine_kwargs"], platform=platform, python=python))
+    if not scripts["pick"].is_file():  # results copied without it: the same script, from best.json
+        scripts["pick"] = out / "pick.sh"
+        scripts["pick"].write_text(serve_script(kw, platform=platform, python=python))
+        plan.notes.append("serve.sh was missing; served confirm/pick.sh, written from best.json's engine kwargs")
+    for sh in scripts.values():
+        sh.chmod(0o755)
+    client = [*_launcher(python), "bench", "serve", "--model", kw["model"],
+              *(["--tokenizer", kw["tokenizer"]] if kw.get("tokenizer") else []),
+              *(["--trust-remote-code"] if kw.get("trust_remote_code") else []),
+              "--dataset-path", str(dataset), *plan.flags]
+    return _Setup(results_dir, out, plan, scripts, client, {"AUTOTUNE_PYTHON": python}, platform)
+
+
+def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float, bench_timeout_s: float,
+           say: Say) -> RoundResult:
+    """One fresh server of ``side``, measured by one ``vllm bench serve`` run, then ended."""
+    tag, out = f"round-{n}-{side}", st.out
+    for stale in out.glob(f"{tag}.*"):
+        stale.unlink()
+    port = free_port()
+    say(f"confirm round {n}/{rounds} {side}: starting {st.rel(st.scripts[side])} on port {port}")
+    with serving(["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)], port=port,
+                 log_path=out / f"{tag}.log", env=st.env, ready_timeout_s=ready_timeout_s,
+                 what=f"the {side} server ({st.rel(st.scripts[side])}, round {n})") as server:
+        run_client([*st.client, "--base-url", server.base_url, "--save-result", "--result-dir", str(out),
+                    "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}", f"round={n}"],
+                   log_path=out / f"{tag}.bench.log", timeout_s=bench_timeout_s, env=st.env)
+    data = read_bench(out / f"{tag}.json", expected=len(st.plan.rows))
+    r = RoundResult(round=n, side=side, output_tok_s=float(data["output_throughput"]),
+                    tpot_ms_p50=_num(data.get("median_tpot_ms")), ttft_ms_p50=_num(data.get("median_ttft_ms")),
+                    e2e_ms_p50=_num(data.get("median_e2el_ms")),
+                    # vllm bench serve reports the acceptance rate in percent
+                    acceptance_rate=_scaled(data.get("spec_decode_acceptance_rate"), 0.01),
+                    mean_accepted_length=_num(data.get("spec_decode_acceptance_length")),
+                    completed=int(data["completed"]), server_pid=server.pid,
+                    duration_s=float(data.get("duration") or 0.0), ready_s=round(server.ready_s, 2),
+                    result_file=f"{CONFIRM_DIR}/{tag}.json", server_log=f"{CONFIRM_DIR}/{tag}.log",
+                    bench_log=f"{CONFIRM_DIR}/{tag}.bench.log")
+    say(f"confirm round {n}/{rounds} {side}: {r.output_tok_s:.1f} output tok/s "
+        f"(tpot p50 {r.tpot_ms_p50 or float('nan'):.1f} ms; server ready in {r.ready_s:.0f} s)")
+    return r
+
+
+def _served(report: dict[str, Any], st: _Setup, done: list[RoundResult], *, rounds: int, warmups: int
+            ) -> dict[str, Any]:
+    """The served numbers as best.json keeps them, beside the study's claim."""
+    from autotune.run import hardware
+    from autotune.measure.metrics import ratio_interval
+
+    by = {s: [r for r in done if r.side == s] for s in SIDES}
+    pick_tps, base_tps = [r.output_tok_s for r in by["pick"]], [r.output_tok_s for r in by["baseline"]]
+    lo, hi = ratio_interval(pick_tps, base_tps)
+    claimed = report["best"].get("speedup") or {}
+    return {
+        "rounds": rounds, "order": [f"{r.side}" for r in done], "warmups": warmups,
+        "pick_output_tok_s": pick_tps, "baseline_output_tok_s": base_tps,
+        "speedup": statistics.median(pick_tps) / statistics.median(base_tps), "speedup_lo": _num(lo),
+        "speedup_hi": _num(hi), "pick": _side_summary(by["pick"]), "baseline": _side_summary(by["baseline"]),
+        "claimed": {"speedup": _num(claimed.get("output_tok_s")), "lo": _num(claimed.get("output_tok_s_lo")),
+                    "hi": _num(claimed.get("output_tok_s_hi"))},
+        "per_round": [asdict(r) for r in done],
+        "files": {"dataset": f"{CONFIRM_DIR}/{DATASET}", "baseline_script": st.rel(st.scripts["baseline"]),
+                  "pick_script": st.rel(st.scripts["pick"]), "results": [r.result_file for r in done],
+                  "server_logs": [r.server_log for r in done]},
+        "command": report.get("serve_command"), "baseline_command": _command(report["baseline"]["engine_kwargs"]),
+        "client": {"command": shlex.join(st.client), "notes": st.plan.notes},
+        "vllm_version": hardware.vllm_version(), "platform": st.platform,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: int = DEFAULT_WARMUPS,
+            workload: Any = None, format: str = "auto", output_len: int | None = None, turns: str | None = None,
+            drop_too_long: bool = False, python: str | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
+            bench_timeout_s: float = BENCH_TIMEOUT_S, say: Say | None = None) -> dict[str, Any]:
+    """Serve the pick (``serve.sh``) and the baseline in alternating rounds, a fresh server each,
+    measure each with ``vllm bench serve``, and write the served numbers into best.json.
+
+    ``workload``: a ``Workload``, a path, or None for best.json's ``workload``; ``format``,
+    ``output_len``, ``turns`` and ``drop_too_long`` read it as `autotune search` did. ``python``:
+    the interpreter for the launcher (default ``$AUTOTUNE_PYTHON`` or this one). Returns the
+    ``served`` object now under ``best`` in best.json. Raises BadInput for results that cannot be
+    confirmed, ServeFailed (exit 1) when a server or the client fails; best.json then records the
+    failure under ``best.served.failure``.
+    """
+    from autotune.core.study_report import load_report
+
+    if rounds < 1:
+        raise BadInput(f"--rounds: expected at least 1, got {rounds}")
+    say = say or (lambda _line: None)
+    p = Path(results_dir)
+    results_dir = p.parent if p.name == "best.json" else p
+    report = load_report(results_dir)
+    best, base = report.get("best"), report.get("baseline")
+    if not best:
+        raise BadInput(f"{results_dir}: the study found no feasible configuration to confirm")
+    if not base or "engine_kwargs" not in base:
+        raise BadInput(f"{results_dir}/best.json: key 'baseline': no baseline engine kwargs to serve beside the pick")
+    python = python or os.environ.get("AUTOTUNE_PYTHON") or sys.executable
+    wl = _load_workload(report, workload, fmt=format, output_len=output_len, turns=turns, drop_too_long=drop_too_long)
+    st = _setup(results_dir, report, wl, warmups=warmups, python=python)
+    done: list[RoundResult] = []
+    try:
+        for n in range(1, rounds + 1):
+            for side in SIDES:  # baseline first: a slow start of the machine does not favour the pick
+                done.append(_round(st, n, rounds, side, ready_timeout_s=ready_timeout_s,
+                                   bench_timeout_s=bench_timeout_s, say=say))
+    except ServeFailed as e:
+        (st.out / "failure.json").write_text(json.dumps({"error": type(e).__name__, "message": str(e)}, indent=2)
+                                             + "\n")
+        _record(results_dir, {"failure": str(e), "rounds_done": [asdict(r) for r in done],
+                              "files": {"failure": f"{CONFIRM_DIR}/failure.json"}}, None)
+        raise
+    (st.out / "failure.json").unlink(missing_ok=True)
+    served = _served(report, st, done, rounds=rounds, warmups=warmups)
+    claimed = served["claimed"]
+    line = verdict((served["speedup"], served["speedup_lo"], served["speedup_hi"]),
+                   (claimed["speedup"], claimed["lo"], claimed["hi"])) if claimed["speedup"] is not None else None
+    _record(results_dir, served, line)
+    return served
+
+
+def _command(engine_kwargs: dict[str, Any]) -> str:
+    from autotune.serve.export import command
+
+    return command(engine_kwargs)
+
+
+def _record(results_dir: Path, served: dict[str, Any], line: str | None) -> None:
+    """Write ``served`` under ``best`` and the one-line verdict at the top of best.json (keys the
+    StudyReport declares), and the served section of report.md."""
+    from autotune.core.study_report import dumps, load_report, with_served
+
+    path = results_dir / "best.json"
+    report = with_served(load_report(path), served, line)
+    _write_atomic(path, dumps(report))
+    _update_markdown(results_dir, report)

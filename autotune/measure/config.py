@@ -1,0 +1,73 @@
+"""What defines one study run (StudyConfig), and what it tells the person watching (Progress).
+
+No Optuna here: the evaluation (autotune.run.evaluate), the benchmarks and the tests use these too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.core.candidate import Settings
+from autotune.core.load import LoadPattern
+from autotune.measure.slo import SLO
+from autotune.measure.validate import Tolerances
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything that defines one study run (keyword-only by convention)."""
+
+    name: str
+    results_dir: Path
+    settings: Settings
+    objectives: tuple[str, ...] = ("output_tok_s", "e2e_ms_p50")
+    n_trials: int = 10
+    storage: str | None = None
+    load: LoadPattern = field(default_factory=LoadPattern)
+    extra_loads: tuple[LoadPattern, ...] = ()  # more load levels measured on the same engine (objective@level)
+    repeats: int = 2  # measured windows per trial; objectives are their medians
+    max_repeats: int = 0  # re-measure a noisy candidate up to this many windows (0: never)
+    warmup: int = 2
+    trial_timeout_s: float = 600.0
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    seed: int = 0
+    slos: tuple[SLO, ...] = ()  # constraints: a config that misses one is infeasible
+    samples: int = 64  # draws per sampled request for the distribution test
+    sample_tokens: int = 24  # tokens a draw: the first three form one outcome, the rest are counted (stats)
+    lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
+    strategy: str = "predict"  # autotune.forecast.policy.STRATEGIES: how the next candidate is chosen
+    remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
+    prune: bool = False  # stop a candidate after its first window when it cannot reach the best (the CLI: on)
+    past_edge: bool = False  # predict: measure one step past an edge the best sits on when its forecast clears the noise
+    pairs: int = 1  # rounds of fresh engines at most, added while the pick's paired interval straddles the tie band
+    schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.study.schedule; the CLI: on)
+    engine_module: str = "autotune.run.engine"  # tests swap in a fake engine, named as such
+    # How a trial is measured (autotune.cli.app.Instrument): "served", the exported `vllm serve` over
+    # HTTP, what users get (the CLI's default); "inprocess", AsyncLLM in the worker, which skips the
+    # serving cost of each request and so overstates speedups (benchmarks/served_gap.py).
+    instrument: str = "inprocess"
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{(self.results_dir / 'study.db').resolve()}"
+
+
+class Progress(Protocol):
+    """What the study tells the person watching (the CLI draws it with Rich)."""
+
+    def trial_started(self, number: int, label: str) -> None: ...
+    def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
+    def trial_finished(self, number: int, label: str, summary: str) -> None: ...
+    def note(self, text: str) -> None:
+        """One line about the study rather than a trial: what was left out, why it stopped."""
+
+
+class Quiet:
+    """Progress that shows nothing (library use, tests)."""
+
+    def trial_started(self, number: int, label: str) -> None: ...
+    def trial_event(self, number: int, event: dict[str, Any]) -> None: ...
+    def trial_finished(self, number: int, label: str, summary: str) -> None: ...
+    def note(self, text: str) -> None: ...

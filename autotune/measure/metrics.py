@@ -1,0 +1,265 @@
+"""RawRun -> Measurement: latency and throughput with the definitions of `vllm bench serve`.
+
+TTFT = first token chunk - request start; E2E = last chunk - start;
+TPOT = (E2E - TTFT) / (output tokens - 1); ITL = gaps between successive chunks, pooled
+over requests (a speculative burst arrives as one chunk carrying several tokens);
+throughput = output tokens / makespan of the measured window.
+Acceptance comes from vLLM's counters diffed around the window: acceptance fraction
+(accepted / drafted tokens) and mean accepted length (1 + accepted / drafts) are different
+numbers and both are reported, plus the acceptance rate by draft position.
+"""
+
+from __future__ import annotations
+
+from itertools import zip_longest
+from typing import Any
+
+from autotune.core.records import Measurement, RawRun, Window
+from autotune.measure.acceptance import acceptance as spec_acceptance
+from autotune.measure.objectives import DIRECTIONS, MAD, STATS, WINDOWS, metric_key, parse_key
+
+import numpy as np
+
+
+def _summary(name: str, values: list[float]) -> dict[str, float]:
+    if not values:
+        return {f"{name}_{s}": float("nan") for s, _ in STATS}
+    arr = np.asarray(values) * 1000.0
+    return {f"{name}_{s}": float(arr.mean() if q is None else np.percentile(arr, q)) for s, q in STATS}
+
+
+def complete(rec: dict[str, Any]) -> bool:
+    """A request counts only if it finished on its own terms with no error."""
+    return rec.get("error") is None and rec.get("finish_reason") in ("stop", "length") and bool(rec["chunks"])
+
+
+def request_latency(rec: dict[str, Any]) -> tuple[float, float, float | None, int]:
+    """One complete request's (TTFT, E2E, TPOT, output tokens) from its chunk timestamps, in
+    seconds: first chunk - start, last chunk - start, (E2E - TTFT) / (tokens - 1) (None for a
+    one-token answer). The one place these are derived from a request record."""
+    n = sum(c[1] for c in rec["chunks"])
+    ttft, e2e = rec["chunks"][0][0] - rec["start"], rec["chunks"][-1][0] - rec["start"]
+    return ttft, e2e, (e2e - ttft) / (n - 1) if n > 1 else None, n
+
+
+def measure(raw: Window) -> Measurement:
+    """Compile one measured window (requests, window_s, spec_counters) into flat metrics."""
+    recs = raw["requests"]
+    done = [r for r in recs if complete(r)]
+    ttft, tpot, itl, e2e = [], [], [], []
+    out_tokens = 0
+    for r in done:
+        first, last, per_token, n = request_latency(r)
+        out_tokens += n
+        ttft.append(first)
+        e2e.append(last)
+        if per_token is not None:
+            tpot.append(per_token)
+        times = [c[0] for c in r["chunks"]]
+        itl.extend(b - a for a, b in zip(times, times[1:]))
+    window = raw["window_s"]
+    m: dict[str, Any] = {
+        "requests": len(recs), "completed": len(done), "incomplete": len(recs) - len(done),
+        "output_tokens": out_tokens, "window_s": window,
+        "output_tok_s": out_tokens / window if window > 0 else 0.0,
+        "req_s": len(done) / window if window > 0 else 0.0,
+    }
+    for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2e_ms", e2e)):
+        m.update(_summary(name, values))
+    m.update(acceptance(raw.get("spec_counters") or {}))
+    m["prefill_share"] = prefill_share(raw.get("spec_counters") or {})
+    return m
+
+
+def prefill_share(c: dict[str, Any]) -> float:
+    """The share of the engine's request time spent in prefill, from vLLM's own prefill and decode
+    time histograms (diffed over the window): NaN where they were not read. Unlike TTFT / E2E it
+    does not depend on how the stream reached the client (a lagging API process merges chunks)."""
+    pre, dec = c.get("vllm:request_prefill_time_seconds"), c.get("vllm:request_decode_time_seconds")
+    if pre is None or dec is None or pre + dec <= 0:
+        return float("nan")
+    return float(pre / (pre + dec))
+
+
+def acceptance(c: dict[str, Any]) -> dict[str, Any]:
+    """Speculation statistics from diffed vLLM counters (NaN when nothing was drafted)."""
+    drafts = c.get("vllm:spec_decode_num_drafts", 0)
+    drafted = c.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = c.get("vllm:spec_decode_num_accepted_tokens", 0)
+    per_pos = c.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])
+    return {"spec_drafts": drafts, "spec_draft_tokens": drafted, "spec_accepted_tokens": accepted,
+            **spec_acceptance(drafts, drafted, accepted, per_pos)}
+
+
+# Metrics whose spread across windows is reported (median absolute deviation).
+SPREAD = ("output_tok_s", "req_s", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50",
+          "e2e_ms_p95")
+# Metrics whose per-window series is kept: every objective (and the forecast's prefill share), so a
+# record pooled over engine instances re-derives each from all windows (``pool``).
+WINDOWED = (*DIRECTIONS, "prefill_share")
+NOISY_SHARE = 0.03  # a throughput MAD above 3% of the median makes a ranking untrustworthy
+
+
+def noisy(throughputs: list[float]) -> bool:
+    """Windows whose throughput MAD exceeds NOISY_SHARE of their median (one window can't tell)."""
+    if len(throughputs) < 2:
+        return False
+    arr = np.asarray(throughputs, dtype=float)
+    med = float(np.median(arr))
+    return bool(med and float(np.median(np.abs(arr - med))) / med > NOISY_SHARE)
+
+
+def _sum_counters(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for w in windows:
+        for k, v in (w.get("spec_counters") or {}).items():
+            if isinstance(v, list):
+                prev = total.get(k, [])
+                total[k] = [a + b for a, b in zip(prev + [0] * (len(v) - len(prev)), v)]
+            else:
+                total[k] = total.get(k, 0) + v
+    return total
+
+
+def measure_run(raw: RawRun | dict[str, Any]) -> Measurement:
+    """All windows of a run: the median of each metric, its MAD, and acceptance over all windows.
+
+    One number from one window is not trusted: each window replays the whole workload on a cold
+    prefix cache, and the spread says how far a single window can be off. Every metric keeps its
+    per-window series (``metric_windows``) so that a record of several engine instances
+    (``pool``) re-derives each one from all windows by the same rule.
+    """
+    per = [measure(w) for w in raw["windows"]]
+    m: dict[str, Any] = {}
+    for key, value in per[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            vals = np.asarray([p[key] for p in per], dtype=float)
+            m[key] = float(np.median(vals))
+    for key in SPREAD:
+        vals = np.asarray([p[key] for p in per], dtype=float)
+        m[metric_key(key, suffix=MAD)] = float(np.median(np.abs(vals - np.median(vals))))
+    for key in WINDOWED:
+        m[metric_key(key, suffix=WINDOWS)] = [float(p[key]) for p in per]  # for intervals of ratios (speedup, `check`) and pooling
+    m["output_tok_s_instances"] = [m["output_tok_s_windows"]]  # one engine instance; pool() appends the next
+    m["windows"] = len(per)
+    m["incomplete"] = sum(p["incomplete"] for p in per)
+    m["completed"] = sum(p["completed"] for p in per)
+    m["requests"] = sum(p["requests"] for p in per)
+    m["noisy"] = noisy(m["output_tok_s_windows"])
+    m["engine_init_s"], m["warmup_s"] = raw.get("engine_init_s"), raw.get("warmup_s")
+    counters = _sum_counters(raw["windows"])
+    m.update(acceptance(counters))
+    m["spec_accepted_per_pos"] = list(counters.get("vllm:spec_decode_num_accepted_tokens_per_pos", []))
+    return m
+
+
+def _mad(arr: np.ndarray) -> float:
+    return float(np.median(np.abs(arr - np.median(arr))))
+
+
+def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """One candidate measured on two (or more) engine instances, as one measurement: every metric
+    re-derived from the joined windows of all instances by the rule that derived it from one
+    instance's windows. That is the median for rates and latencies (``metric_windows`` and
+    ``metric_windows@level`` joined, the MAD beside), the worst window for goodput (its own rule in
+    autotune.run.evaluate.measure), and summed vLLM counters for acceptance. Intervals from it include
+    the spread between instances, which on a shared machine is wider than the spread between windows
+    of one engine. Not pooled: ``by_category`` (a breakdown from the first engine; no decision
+    rests on it)."""
+    m = dict(first)
+    for key, values in first.items():
+        metric, suffix, level = parse_key(key)
+        if suffix != WINDOWS or not isinstance(values, list) or not isinstance(again.get(key), list):
+            continue
+        joined = [float(v) for v in values + again[key]]
+        arr = np.asarray(joined)
+        m[key] = joined
+        if metric == "goodput":
+            m[metric_key(metric, level)] = float(arr.min()) if len(arr) else float("nan")
+            continue
+        m[metric_key(metric, level)] = float(np.median(arr))
+        m[metric_key(metric, level, MAD)] = _mad(arr)
+    for key in [k for k in first if k in ("completed", "requests")
+                or parse_key(k)[:2] in (("windows", ""), ("incomplete", ""))]:
+        m[key] = first[key] + again.get(key, 0)
+    for key in [k for k in first if parse_key(k)[:2] == ("noisy", "")]:
+        m[key] = noisy(m.get(metric_key("output_tok_s", parse_key(key)[2], WINDOWS), []))
+    m.update(_pooled_acceptance(first, again))
+    m["output_tok_s_instances"] = instances_of(first) + instances_of(again)
+    m["instances"] = len(m["output_tok_s_instances"])
+    a, b = first.get("output_tok_s_windows"), again.get("output_tok_s_windows")
+    if a and b:  # how far one config moved between engine instances: the noise a comparison meets
+        before = float(np.median(a))
+        moved = abs(float(np.median(b)) / before - 1.0) if before > 0 else 0.0
+        m["instance_spread"] = max(moved, first.get("instance_spread", 0.0))
+    return m
+
+
+def instances_of(m: dict[str, Any]) -> list[list[float]]:
+    """A measurement's throughput windows per engine instance (a record from before this was kept:
+    its windows as one instance)."""
+    inst = m.get("output_tok_s_instances")
+    return [list(x) for x in inst] if inst else [list(m.get("output_tok_s_windows") or [])]
+
+
+def _pooled_acceptance(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """Acceptance over both instances from their summed counts (what measure_run does over windows)."""
+    if "spec_drafts" not in first or "spec_drafts" not in again:
+        return {}
+    per_pos = [a + b for a, b in zip_longest(first.get("spec_accepted_per_pos") or [],
+                                              again.get("spec_accepted_per_pos") or [], fillvalue=0)]
+    c = {"vllm:spec_decode_num_drafts": first["spec_drafts"] + again["spec_drafts"],
+         "vllm:spec_decode_num_draft_tokens": first["spec_draft_tokens"] + again["spec_draft_tokens"],
+         "vllm:spec_decode_num_accepted_tokens": first["spec_accepted_tokens"] + again["spec_accepted_tokens"],
+         "vllm:spec_decode_num_accepted_tokens_per_pos": per_pos}
+    return {**acceptance(c), "spec_accepted_per_pos": per_pos}
+
+
+def paired_interval(cand: list[list[float]], base: list[list[float]], *, level: float = 0.95, draws: int = 2000,
+                    seed: int = 0) -> tuple[float, float, float, int]:
+    """The speedup of ``cand`` over ``base`` with engine instances as the unit: instances are paired
+    from the most recent back (each pair measured side by side), pairs are resampled, then windows
+    within each resampled instance; the ratio is median(cand windows) / median(base windows), as the
+    reported speedup. Returns (ratio, lo, hi, pairs). With one pair the interval is that pair's
+    window bootstrap; it widens to the spread between pairs as pairs are added, and narrows only
+    as they agree."""
+    pairs = list(zip(reversed(cand), reversed(base)))
+    pairs = [(c, b) for c, b in pairs if c and b and min(b) > 0]
+    if not pairs:
+        return float("nan"), float("nan"), float("nan"), 0
+    allc, allb = [x for c, _ in pairs for x in c], [x for _, b in pairs for x in b]
+    point = float(np.median(allc) / np.median(allb))
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(draws)
+    for i in range(draws):
+        pick = rng.integers(0, len(pairs), len(pairs))
+        c = np.concatenate([rng.choice(pairs[j][0], len(pairs[j][0])) for j in pick])
+        b = np.concatenate([rng.choice(pairs[j][1], len(pairs[j][1])) for j in pick])
+        ratios[i] = np.median(c) / np.median(b)
+    tail = (1 - level) / 2 * 100
+    return point, float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail)), len(pairs)
+
+
+def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95, draws: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(cand) / median(base) (the reported speedup is a ratio
+    of medians), windows resampled on both sides.
+
+    Each window is one full replay of the workload, so windows are the independent units of a
+    run. With two windows a side the interval spans little more than the extreme window ratios:
+    more ``--repeats`` make it a real interval.
+    """
+    c, b = np.asarray(cand, dtype=float), np.asarray(base, dtype=float)
+    if not len(c) or not len(b) or not np.all(np.isfinite(c)) or not np.all(np.isfinite(b)) or b.min() <= 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    ratios = np.median(rng.choice(c, (draws, len(c))), axis=1) / np.median(rng.choice(b, (draws, len(b))), axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
+
+def at_level(m: dict[str, Any], label: str) -> dict[str, Any]:
+    """A run's measurement at one load level as flat ``metric@level`` keys (objective names)."""
+    keys = (*DIRECTIONS, *(metric_key(k, suffix=WINDOWS) for k in WINDOWED), metric_key("output_tok_s", suffix=MAD),
+            "windows", "noisy", "incomplete", "acceptance_rate", "mean_accepted_length", "prefill_share")
+    return {metric_key(k, label): m[k] for k in keys if k in m}

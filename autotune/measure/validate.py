@@ -1,0 +1,369 @@
+"""Correctness verdicts: a candidate's outputs against the baseline's, and the workload's expectations.
+
+Speculation alone should be lossless: greedy outputs must match the baseline's tokens (vLLM
+promises equality "up to numerics", so a small tolerance is allowed). Quantization and KV dtype
+change numerics on purpose: their drift from the baseline is gated by ``max_drift`` (token
+agreement) and by ``max_logprob_drift``: both engines score the baseline's greedy tokens
+teacher-forced (autotune.run.engine), and the per-token log-probs are compared.
+Sampled requests are judged by a two-sample test of their output distribution (autotune.measure.stats).
+A lossy config *with* speculation is judged twice, and must pass both: its speculation against the
+same lossy config without speculation (``Unspeculated``: greedy tokens and sampled draws, held to
+the lossless rules), and its lossy part against the baseline by drift. The baseline alone cannot
+judge its speculation: the lossy part moves the outputs on purpose, and the drift is scored in a
+prefill where no draft is ever verified.
+Expectations (``expect``) a baseline output meets must also be met by the candidate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.measure.metrics import complete
+from autotune.measure.stats import DEFAULT_ALPHA, sampler_test
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    lossless: float = 0.02  # allowed mean token disagreement for speculation-only candidates
+    max_drift: float = 0.10  # allowed mean token disagreement for lossy candidates
+    max_logprob_drift: float = 0.05  # allowed mean |log p_base - log p_cand| (nats/token) for lossy candidates
+    alpha: float = DEFAULT_ALPHA  # significance of the sampled-output distribution test
+    allow_unverified: bool = False  # a candidate whose applicable checks did not run may be the pick
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a candidate is correct, and why not."""
+
+    passed: bool
+    reason: str
+    greedy_requests: int
+    greedy_identical: int
+    token_agreement: float  # mean over greedy requests of common-prefix / longer length
+    first_divergence: int | None  # earliest divergence position over greedy requests
+    expect_failed: int
+    expect_regressions: int
+    sampled_requests: int
+    distribution_p: float | None  # two-sample test of sampled outputs vs the baseline (None: not run)
+    distribution_samples: int  # draws per side, over all sampled requests
+    # Teacher-forced log-probs of the baseline's greedy tokens, this engine against the baseline's
+    # (None: not measured). Mean and max over tokens of |difference| in nats, and the mean KL over
+    # each position's shared top-k tokens (renormalized).
+    logprob_drift: float | None
+    logprob_drift_max: float | None
+    logprob_kl: float | None
+    logprob_tokens: int  # tokens compared
+    budget: float
+    constraints: tuple[float, ...]  # Optuna convention: every value <= 0 means feasible
+    # "ok" (every applicable check ran and passed), "failed", or "unverified": no check failed, but
+    # one that applies did not run (sampled requests with no distribution test, say). No evidence,
+    # no "ok": an unverified candidate is never the pick unless Tolerances.allow_unverified.
+    status: str = "ok"
+    unverified: tuple[str, ...] = ()  # the checks that applied and did not run
+    # A lossy config with speculation: its greedy outputs' token agreement with the same config
+    # without speculation (None: not such a config, or that reference did not run). Its
+    # distribution_p then compares its draws with that reference's, not the baseline's.
+    speculation_agreement: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens the two sequences share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
+    """Common-prefix share of the longer sequence, and the first divergence (None if identical)."""
+    if a == b:
+        return 1.0, None
+    n = common_prefix(a, b)
+    return n / max(len(a), len(b)), n
+
+
+@dataclass(frozen=True)
+class Unspeculated:
+    """The same (lossy) config run without speculation: the reference its speculation is judged
+    against, as a lossless candidate's is against the baseline."""
+
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # request records (id, token_ids, ...)
+    samples: dict[str, list[list[int]]] = field(default_factory=dict)
+    error: str | None = None  # why there is nothing to compare with (its run failed, say)
+
+
+@dataclass(frozen=True)
+class LogprobDrift:
+    mean: float
+    max: float
+    kl: float | None
+    tokens: int
+    requests: tuple[str, ...] = ()  # the requests compared
+
+
+def _drift_coverage(requests: list[dict[str, Any]], drift: LogprobDrift | None, attempted: set[str],
+                    *, greedy_gated: bool) -> list[str]:
+    """Log-prob drift is evidence only for the requests it covers: every request the engines set out
+    to score (``attempted``: the baseline's scored set, errors included; autotune.run.replay.LOGPROB_MAX_REQUESTS
+    bounds it) must be scored under both engines, for greedy requests where drift is their gate
+    and for sampled ones always. One scored request is not the workload's drift."""
+    covered = set(drift.requests) if drift is not None else set()
+    missing: list[str] = []
+    greedy = [r["id"] for r in requests if r["sampling"].get("temperature", 0) == 0]
+    kinds = [("greedy", greedy)] if greedy_gated else []
+    kinds.append(("sampled", [r["id"] for r in requests if r["sampling"].get("temperature", 0) > 0]))
+    for kind, ids in kinds:
+        want = [i for i in ids if i in attempted] or ids  # none attempted: all of this kind are owed
+        lacking = [i for i in want if i not in covered]
+        if not lacking:
+            continue
+        if len(lacking) == len(want):
+            missing.append(f"log-prob drift on {kind} requests (none of them was scored under both engines)")
+        else:
+            named = ", ".join(repr(i) for i in lacking[:3]) + (", ..." if len(lacking) > 3 else "")
+            missing.append(f"log-prob drift on {kind} requests (scored under both engines for "
+                           f"{len(want) - len(lacking)} of {len(want)}; not for {named})")
+    return missing
+
+
+def _missing_evidence(requests: list[dict[str, Any]], *, lossy: bool, n_draws: int, samples_asked: bool,
+                      drift: LogprobDrift | None, attempted: set[str], split: bool,
+                      twin_missing: str | None) -> list[str]:
+    """The checks that apply to a candidate and did not run (no evidence is not "ok").
+
+    Greedy requests are compared token by token. Sampled ones need the distribution test
+    (speculation must keep the sampler's distribution) or, for a lossy config (judged by drift, not
+    by distribution), log-probs of the baseline's sampled paths scored under both engines. A lossy
+    config with speculation (``split``) needs both: drift for its lossy part, and its speculation
+    compared with the same config without it (``twin_missing``: why that reference is missing).
+    """
+    has_greedy = any(r["sampling"].get("temperature", 0) == 0 for r in requests)
+    has_sampled = any(r["sampling"].get("temperature", 0) > 0 for r in requests)
+    missing = _drift_coverage(requests, drift, attempted, greedy_gated=drift is not None) if lossy else []
+    if split and twin_missing and (has_greedy or has_sampled):
+        return missing + [f"speculation against the same config without speculation ({twin_missing})"]
+    if has_sampled and (split or not lossy) and not n_draws:
+        why = "--samples 0" if not samples_asked else "no draws to compare"
+        missing.append(f"distribution test of sampled requests ({why})")
+    return missing
+
+
+def _topk_kl(base: list[list[float]], cand: list[list[float]]) -> float | None:
+    """KL(base || cand) over the tokens both top-k lists hold, each renormalized there."""
+    b, c = {int(t): lp for t, lp in base}, {int(t): lp for t, lp in cand}
+    shared = b.keys() & c.keys()
+    if not shared:
+        return None
+    zb = math.log(sum(math.exp(b[t]) for t in shared))
+    zc = math.log(sum(math.exp(c[t]) for t in shared))
+    return sum(math.exp(b[t] - zb) * ((b[t] - zb) - (c[t] - zc)) for t in shared)
+
+
+def logprob_drift(cand: dict[str, dict[str, Any]], base: dict[str, dict[str, Any]]) -> LogprobDrift | None:
+    """Compare teacher-forced scores (``autotune.run.replay.score_greedy``) request by request.
+
+    Each side scored a token path; a token's log-prob depends only on the tokens before it, so
+    the two are comparable on the paths' common prefix (the whole path when the candidate scored
+    the baseline's tokens, as a study's candidates do).
+    """
+    diffs: list[float] = []
+    kls: list[float] = []
+    scored: list[str] = []
+    for rid, c in cand.items():
+        b = base.get(rid)
+        if b is None or "logprobs" not in b or "logprobs" not in c:
+            continue  # not scored on one side (its error is kept in the raw run)
+        scored.append(rid)
+        n = common_prefix(b["token_ids"], c["token_ids"])
+        diffs += [abs(x - y) for x, y in zip(b["logprobs"][:n], c["logprobs"][:n])]
+        kls += [k for tb, tc in zip(b["top"][:n], c["top"][:n]) if (k := _topk_kl(tb, tc)) is not None]
+    if not diffs:
+        return None
+    return LogprobDrift(mean=sum(diffs) / len(diffs), max=max(diffs),
+                        kl=sum(kls) / len(kls) if kls else None, tokens=len(diffs), requests=tuple(scored))
+
+
+def check_expect(expect: dict[str, Any], text: str) -> list[str]:
+    """Names of the expectations ``text`` fails."""
+    failed = []
+    if expect.get("json"):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            failed.append("json")
+    if "regex" in expect and re.search(expect["regex"], text) is None:
+        failed.append("regex")
+    if "contains" in expect and expect["contains"] not in text:
+        failed.append("contains")
+    return failed
+
+
+def request_failures(req: dict[str, Any], rec: dict[str, Any]) -> list[str]:
+    """Expectations plus the request's own limits (max_tokens, stop sequences)."""
+    failed = check_expect(req.get("expect", {}), rec["text"])
+    if len(rec["token_ids"]) > req["sampling"]["max_tokens"]:
+        failed.append("max_tokens")
+    if any(s in rec["text"] for s in req["sampling"].get("stop", [])):
+        failed.append("stop")
+    return failed
+
+
+@dataclass
+class _Tally:
+    """Per-request comparisons of a candidate with the baseline."""
+
+    greedy: int = 0
+    identical: int = 0
+    first: int | None = None  # earliest token position where a greedy output diverged
+    sampled: int = 0
+    expect_failed: int = 0
+    regressions: int = 0  # expectations the baseline met and the candidate did not
+    first_regression: str = ""
+    agreements: list[float] = field(default_factory=list)
+
+    @property
+    def mean_agreement(self) -> float:
+        return sum(self.agreements) / len(self.agreements) if self.agreements else 1.0
+
+
+def _tally(requests: list[dict[str, Any]], by_id: dict[str, Any], base_by_id: dict[str, Any]) -> _Tally:
+    t = _Tally()
+    for req in requests:
+        rec, ref = by_id[req["id"]], base_by_id[req["id"]]
+        failed = request_failures(req, rec)
+        t.expect_failed += bool(failed)
+        if failed and not request_failures(req, ref):
+            t.regressions += 1
+            if t.regressions == 1:
+                t.first_regression = f"request {req['id']!r} fails {', '.join(failed)} where the baseline passed"
+        if req["sampling"]["temperature"] == 0.0:
+            t.greedy += 1
+            a, div = agreement(rec["token_ids"], ref["token_ids"])
+            t.agreements.append(a)
+            t.identical += div is None
+            if div is not None and (t.first is None or div < t.first):
+                t.first = div
+        else:
+            t.sampled += 1  # sampled outputs are judged by distribution (verdict)
+    return t
+
+
+def _incomplete_reason(cand: list[dict[str, Any]]) -> tuple[int, str | None]:
+    """How many requests did not finish, and the first one's reason (vLLM's own message where it
+    rejected the request: a prompt over max_model_len, say)."""
+    incomplete = [r for r in cand if not complete(r)]
+    if not incomplete:
+        return 0, None
+    bad = incomplete[0]
+    why = (bad.get("error") or "").strip().split("\n")[0][:300] or \
+        (f"finish reason {bad['finish_reason']}" if bad.get("finish_reason") else "no output")
+    return len(incomplete), f"{len(incomplete)} request(s) incomplete (e.g. {bad['id']!r}: {why})"
+
+
+def _drift_note(drift: LogprobDrift) -> tuple[str, str]:
+    detail = f"max {drift.max:.3g}" + (f", top-k KL {drift.kl:.3g}" if drift.kl is not None else "") + \
+        f", {drift.tokens} tokens"
+    return detail, f"log-prob drift {drift.mean:.3g} nats/token ({detail})"
+
+
+def _twin_problem(twin: Unspeculated | None, requests: list[dict[str, Any]]) -> str | None:
+    """Why ``twin`` cannot serve as the reference of a lossy config's speculation (None: it can)."""
+    if twin is None:
+        return "not run"
+    if twin.error:
+        return f"its run failed: {twin.error}"
+    by_id = {r["id"]: r for r in twin.outputs}
+    bad = [r["id"] for r in requests if r["id"] not in by_id or not complete(by_id[r["id"]])]
+    return f"{len(bad)} of its request(s) incomplete, e.g. {bad[0]!r}" if bad else None
+
+
+def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: list[dict[str, Any]] | None,
+            *, lossy: bool, tol: Tolerances, samples: dict[str, list[list[int]]] | None = None,
+            base_samples: dict[str, list[list[int]]] | None = None,
+            scores: dict[str, dict[str, Any]] | None = None,
+            base_scores: dict[str, dict[str, Any]] | None = None,
+            speculative: bool = False, unspeculated: Unspeculated | None = None) -> Verdict:
+    """Judge a candidate's records against the baseline's (``base`` None: this *is* the baseline).
+
+    ``samples``/``base_samples``: per sampled request, short samples drawn with fixed seeds; for a
+    lossless candidate their first tokens must follow the baseline's distribution.
+    ``scores``/``base_scores``: teacher-forced log-probs of greedy outputs (``autotune.run.replay.score_greedy``);
+    reported for every candidate, gated by ``tol.max_logprob_drift`` for lossy ones.
+    ``speculative`` with ``lossy``: the speculation is judged against ``unspeculated`` (the same
+    config without speculation) by the lossless rules, and the lossy part by drift; both must pass.
+    """
+    by_id = {r["id"]: r for r in cand}
+    budget = tol.max_drift if lossy else tol.lossless
+    n_incomplete, why = _incomplete_reason(cand)
+    reasons = [why] if why else []
+    t = _tally(requests, by_id, {r["id"]: r for r in base} if base is not None else by_id)
+    if t.first_regression:
+        reasons.append(t.first_regression)
+    mean_agree = t.mean_agreement
+    drift = logprob_drift(scores, base_scores) if base is not None and scores and base_scores else None
+    # A lossy config with log-probs is judged by them: its greedy tokens flip at near-ties (bfloat16
+    # vs float32: 30 of 32 outputs differ at a drift of 0.0025 nats/token), so token agreement would
+    # reject every lossy config. Without log-probs, token agreement is the gate.
+    gap = (1.0 - mean_agree) - budget if not (lossy and drift is not None) else 0.0
+    if gap > 0:
+        kind = "drift" if lossy else "greedy mismatch (speculation should be lossless)"
+        reasons.append(f"{kind}: token agreement {mean_agree:.3f} < {1 - budget:.3f}; "
+                       f"{t.greedy - t.identical}/{t.greedy} greedy outputs differ, first at token {t.first}")
+    split = lossy and speculative and base is not None
+    twin_missing = _twin_problem(unspeculated, requests) if split else None
+    dist_p, n_draws, dist_gap, spec_agree = None, 0, 0.0, None
+    if split and unspeculated is not None and twin_missing is None:
+        # Speculation alone is lossless, so it must keep the lossy config's own tokens and sampler:
+        # the same checks a lossless candidate meets against the baseline.
+        st = _tally(requests, by_id, {r["id"]: r for r in unspeculated.outputs})
+        spec_agree = st.mean_agreement
+        spec_gap = (1.0 - spec_agree) - tol.lossless
+        if spec_gap > 0:
+            gap = max(gap, spec_gap)
+            reasons.append(f"greedy mismatch against the same config without speculation (speculation should "
+                           f"be lossless): token agreement {spec_agree:.3f} < {1 - tol.lossless:.3f}; "
+                           f"{st.greedy - st.identical}/{st.greedy} greedy outputs differ, first at token {st.first}")
+        if samples and unspeculated.samples:
+            flagged, dist_p, n_draws = sampler_test(unspeculated.samples, samples, alpha=tol.alpha)
+            if flagged:
+                dist_gap = tol.alpha - dist_p
+                reasons.append(f"sampled outputs differ in distribution from the same config without speculation "
+                               f"(distribution test p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
+    elif not split and base is not None and samples and base_samples:
+        flagged, dist_p, n_draws = sampler_test(base_samples, samples, alpha=tol.alpha)
+        # Speculation must keep the sampler's distribution; lossy configs are judged by drift alone.
+        if not lossy and flagged:
+            dist_gap = tol.alpha - dist_p
+            reasons.append(f"sampled outputs differ in distribution from the baseline's (distribution "
+                           f"test p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
+    lp_gap, lp_note = 0.0, ""
+    if drift is not None:
+        detail, lp_note = _drift_note(drift)
+        if lossy and drift.mean > tol.max_logprob_drift:
+            lp_gap = drift.mean - tol.max_logprob_drift
+            reasons.append(f"log-prob drift {drift.mean:.3g} nats/token > {tol.max_logprob_drift:g} ({detail})")
+    attempted = set(base_scores or {}) | set(scores or {})
+    missing = [] if base is None else _missing_evidence(requests, lossy=lossy, n_draws=n_draws,
+                                                        samples_asked=bool(samples), drift=drift,
+                                                        attempted=attempted, split=split, twin_missing=twin_missing)
+    status = "failed" if reasons else ("unverified" if missing else "ok")
+    reason = "; ".join(reasons) or ("unverified: not checked: " + "; ".join(missing) if missing else "ok")
+    unverified_gap = 1.0 if status == "unverified" and not tol.allow_unverified else 0.0
+    if lossy and lp_note and not lp_gap:  # within budget, still worth seeing (beside a token drift, say)
+        reason += f"{'; ' if reasons else ', '}{lp_note} within {tol.max_logprob_drift:g}" + \
+            (f" (token agreement {mean_agree:.3f}, {t.greedy - t.identical}/{t.greedy} greedy outputs differ)"
+             if t.identical < t.greedy else "")
+    return Verdict(passed=not reasons, reason=reason, greedy_requests=t.greedy,
+                   greedy_identical=t.identical, token_agreement=mean_agree, first_divergence=t.first,
+                   expect_failed=t.expect_failed, expect_regressions=t.regressions, sampled_requests=t.sampled,
+                   distribution_p=dist_p, distribution_samples=n_draws,
+                   logprob_drift=None if drift is None else drift.mean,
+                   logprob_drift_max=None if drift is None else drift.max,
+                   logprob_kl=None if drift is None else drift.kl, logprob_tokens=0 if drift is None else drift.tokens,
+                   budget=budget,
+                   constraints=(gap, float(t.regressions), float(n_incomplete), dist_gap, lp_gap, unverified_gap),
+                   status=status, unverified=tuple(missing), speculation_agreement=spec_agree)

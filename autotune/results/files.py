@@ -1,0 +1,214 @@
+"""Write a finished study to ``results/<study>/`` and read it back (no Optuna, no vLLM needed to read).
+
+Files: the Optuna storage (study.db unless --storage points elsewhere), trials.csv and
+trials.parquet (the same table), pareto.csv, best.json (the StudyReport: chosen candidate, engine
+kwargs, measurement, verdict, speedup, vLLM version, platform), serve.sh and report.md; for a
+workload with categories, by_category.csv (one row per measured trial and category).
+`autotune report` adds report/ (HTML and PNG plots) from these files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from autotune import __version__
+
+from autotune.core import attrs
+from autotune.core.candidate import Candidate
+from autotune.measure.categories import category_speedup
+from autotune.core.study_report import SCHEMA_VERSION, StudyReport, clean, dumps
+from autotune.results.text import markdown
+
+
+def _entry(t: Any, base: Any, settings: Any) -> dict[str, Any]:
+    """One trial as best.json shows it: candidate, engine kwargs, measurement, verdict, speedup."""
+    from autotune.study.pareto import speedup
+
+    cand = Candidate(t.user_attrs[attrs.CANDIDATE])
+    if t.state.name != "COMPLETE":  # a failed trial (only the deployed entry can be one)
+        return {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
+                "failure": t.user_attrs.get(attrs.FAILURE, "unknown")}
+    m = t.user_attrs[attrs.MEASUREMENT]
+    base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
+    e = {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
+         "engine_kwargs": cand.engine_kwargs(settings), "measurement": m, "verdict": t.user_attrs[attrs.VERDICT],
+         "speedup": speedup(m, base_m) if base_m else None, "predicted": t.user_attrs.get(attrs.PREDICTED),
+         "planned": t.user_attrs.get(attrs.PLANNED)}
+    if "by_category" in m and base_m:  # which kinds of request gain, which lose
+        e["speedup_by_category"] = category_speedup(m["by_category"], base_m.get("by_category", {}))
+    return e
+
+
+def _remeasured(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
+    """The pick's speedup interval from its first engine alone and from the pooled fresh-engine
+    re-measurements (the pick's and the baseline's): how much the spread between instances adds."""
+    from autotune.measure.metrics import ratio_interval
+    from autotune.study.trials import first_record
+
+    if pick is None or base is None or attrs.REMEASURE_OF not in pick.user_attrs:
+        return None
+    first, base_first = first_record(study, pick), first_record(study, base)
+    of = first.number
+    key = "output_tok_s_windows"
+    one = ratio_interval(attrs.measurement(first).get(key, []), attrs.measurement(base_first).get(key, []))
+    both = ratio_interval(attrs.measurement(pick).get(key, []), attrs.measurement(base).get(key, []))
+    width = lambda iv: iv[1] - iv[0]  # noqa: E731
+    return {"trial": of, "by": pick.number, "baseline_by": base.number if base.number != base_first.number else None,
+            "interval_one_engine": list(one), "interval_fresh_engines": list(both),
+            "widening": width(both) / width(one) if width(one) > 0 else None}
+
+
+def _resolution(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
+    """autotune.measure.resolution over the pick's and the baseline's current records, the runner-up being
+    the best other feasible config on the first objective (None: no pick, or no throughput)."""
+    from autotune.study.trials import feasible, is_schedule, superseded
+    from autotune.measure.resolution import resolve
+
+    if pick is None or base is None or pick.number == base.number:
+        return None
+    old = superseded(study)
+    pick_key, base_key = Candidate(attrs.candidate(pick)).key(), Candidate(attrs.candidate(base)).key()
+    sign = 1 if study.directions[0].name == "MAXIMIZE" else -1
+    others = [t for t in study.get_trials(deepcopy=False) if feasible(t) and t.number not in old
+              and not is_schedule(t) and Candidate(attrs.candidate(t)).key() not in (pick_key, base_key)]
+    runner = max(others, key=lambda t: sign * t.values[0], default=None)
+    res = resolve(attrs.measurement(pick), attrs.measurement(base),
+                  runner_up=attrs.measurement(runner) if runner is not None else None,
+                  runner_label=attrs.label(runner) if runner is not None else None)
+    return res.to_dict() if res is not None else None
+
+
+def _edge(study: Any, pick: Any, base: Any) -> list[dict[str, Any]] | None:
+    from autotune.study.strategy import edge_report
+
+    if pick is None or base is None or pick.number == base.number:
+        return None
+    return edge_report(study, pick) or None
+
+
+def _lossless_first(choice: Any) -> dict[str, Any] | None:
+    """The faster lossy trial the pick was chosen over, and why (None: no such trial)."""
+    if choice is None or choice.passed_over is None:
+        return None
+    label, (lo, hi) = choice.passed_over.user_attrs[attrs.LABEL], choice.gain
+    return {"passed_over": choice.passed_over.number, "label": label, "gain_lo": lo, "gain_hi": hi,
+            "min_gain": choice.min_gain,
+            "reason": f"{label} is lossy and its gain over the best lossless config, [{lo:.3f}, {hi:.3f}]x (95% "
+                      f"interval), does not lie above 1 + {choice.min_gain:.0%}: the lossless config is the pick"}
+
+
+def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, Any], objectives: list[str],
+                 storage_url: str) -> StudyReport:
+    """The StudyReport (what best.json holds) of a study and its trials table."""
+    from autotune.study.pareto import choose, pareto_trials
+    from autotune.study.trials import deployed_trial, reference_trial
+    from autotune.study.schedule import scheduled_trial, verdict
+    from autotune.study.storage import redact
+    from autotune.study.trials import left_out
+
+    choice, base, deployed = choose(study), reference_trial(study), deployed_trial(study)
+    # A depth schedule that held at every level is the pick; the fixed-depth choice is kept beside it.
+    schedule = verdict(study)
+    pick = scheduled_trial(study, schedule) or (choice.trial if choice else None)
+    ua = study.user_attrs
+    report: StudyReport = {
+        "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "study": study.study_name, "storage": redact(storage_url),
+        "workload": ua.get(attrs.WORKLOAD), "space": ua.get(attrs.SPACE),
+        "load": ua.get(attrs.LOAD), "concurrency": ua.get(attrs.CONCURRENCY),
+        "objectives": objectives, "platform": platform,
+        "vllm_version": (base.user_attrs.get(attrs.VLLM_VERSION) if base else None) or platform.get("vllm"),
+        "trials": {"finished": int(len(frame)), "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0,
+                   "pruned": int((frame["state"] == "PRUNED").sum()) if len(frame) else 0,
+                   "left_out": left_out(study)},
+        "baseline": _entry(base, base, settings) if base else None,
+        "best": _entry(pick, base, settings) if pick else None,
+        "pareto": [_entry(t, base, settings) for t in pareto_trials(study)],
+        # A warm start's pick, re-measured in this run: `autotune check` compares the new pick with it.
+        "deployed": _entry(deployed, base, settings) if deployed else None,
+        "lossless_first": _lossless_first(choice),
+        "remeasured": _remeasured(study, pick, base),
+        # The pick over the baseline with engine instances as the unit, and over the runner-up.
+        "resolution": _resolution(study, pick, base),
+        # The pick on an edge of the space, with the forecast one step past it (no engine).
+        "edge": _edge(study, pick, base),
+        # Two or more load levels: the depth per batch size, its checks, and whether it is the pick.
+        "schedule": schedule,
+        "warm_start": ua.get(attrs.WARM_START),
+        # How candidates were chosen, and why the strategy stopped before the budget (if it did).
+        "strategy": {"name": ua.get(attrs.STRATEGY), "stopped": ua.get(attrs.STOPPED),
+                     "draft_trace": {k: v for k, v in (ua.get(attrs.DRAFT_TRACE) or {}).items() if k != "argmax"}
+                     or None},
+    }
+    return clean(report)
+
+
+def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dict[str, Any],
+                  objectives: list[str], storage_url: str) -> dict[str, Any]:
+    """Write every results file for ``study``; return the StudyReport (what best.json holds)."""
+    from autotune.serve.export import command, serve_script
+    from autotune.study.trials import reference_trial
+    from autotune.study.pareto import trials_frame
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    frame = trials_frame(study)
+    frame.to_csv(results_dir / "trials.csv", index=False)
+    parquet_safe(frame).to_parquet(results_dir / "trials.parquet", engine="pyarrow", index=False)
+    (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
+    _write_by_category(study, reference_trial(study), results_dir)
+    report = study_report(study, frame, settings=settings, platform=platform, objectives=objectives,
+                          storage_url=storage_url)
+    if report["best"] is not None:
+        kw = report["best"]["engine_kwargs"]
+        report["serve_command"] = command(kw)
+        (results_dir / "serve.sh").write_text(serve_script(kw, platform=platform["platform"]))
+        (results_dir / "serve.sh").chmod(0o755)
+    (results_dir / "best.json").write_text(dumps(report))
+    (results_dir / "report.md").write_text(markdown(report, frame))
+    return report
+
+
+def _write_by_category(study: Any, base: Any, results_dir: Path) -> None:
+    """by_category.csv: each measured trial's metrics and speedups by request category."""
+    import pandas as pd
+
+    from autotune.measure.categories import COLUMNS, rows
+    from autotune.study.trials import completed
+
+    base_cats = base.user_attrs[attrs.MEASUREMENT].get("by_category") if base else None
+    out = []
+    for t in completed(study):
+        cats = (t.user_attrs.get(attrs.MEASUREMENT) or {}).get("by_category")
+        if cats and attrs.DUPLICATE_OF not in t.user_attrs:
+            out += rows(t.number, t.user_attrs.get(attrs.LABEL), t.user_attrs.get(attrs.ROLE, "candidate"), cats,
+                        category_speedup(cats, base_cats) if base_cats else None)
+    if out:
+        pd.DataFrame(out, columns=list(COLUMNS)).to_csv(results_dir / "by_category.csv", index=False)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def parquet_safe(frame: Any) -> Any:
+    """A copy of ``frame`` that pyarrow stores faithfully.
+
+    pyarrow turns dicts into structs (the union of all keys, ints widened to floats), lists into
+    arrays, and rejects object columns of mixed types (an int next to a string), so such columns
+    become JSON text: read back with ``json.loads``.
+    """
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype != object:
+            continue
+        kinds = {type(v) for v in out[col] if not _missing(v)}
+        if kinds & {dict, list, tuple} or (len(kinds) > 1 and kinds != {int, float}):
+            out[col] = [None if _missing(v) else json.dumps(clean(v)) for v in out[col]]
+    return out
+
+

@@ -1,0 +1,71 @@
+"""Plain text from best.json: report.md, and the one-line summaries the console and report.md share."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autotune.core.candidate import schedule_text
+from autotune.measure.resolution import Resolution
+
+
+def markdown(report: dict[str, Any], frame: Any) -> str:
+    """A short human report of the study."""
+    lines = [f"# autotune study `{report['study']}`", "",
+             f"Workload `{report['workload']}`, space `{report['space']}`, load {report.get('load')}, "
+             f"vLLM {report['vllm_version']} on {report['platform']['platform']}.", ""]
+    best = report.get("best")
+    if best:
+        s = best["speedup"] or {}
+        lines += [f"**Best:** trial {best['trial']} `{best['label']}`: "
+                  f"{best['measurement']['output_tok_s']:.1f} output tok/s, "
+                  f"{(s.get('output_tok_s') or float('nan')):.2f}x the baseline; verdict: {best['verdict']['reason']}.", "",
+                  "```", report.get("serve_command", ""), "```", ""]
+    else:
+        lines += ["**No feasible configuration was found.**", ""]
+    if report.get("resolution"):
+        lines += [Resolution(**report["resolution"]).line() + ".", ""]
+    if report.get("schedule"):
+        lines += [f"**{schedule_line(report['schedule'])}**", ""]
+    cols = [c for c in ("trial", "label", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s",
+                        "acceptance_rate", "correct", "status", "pareto", "failure") if c in frame.columns]
+    if len(frame):
+        lines.append(frame[cols].to_markdown(index=False))
+    if best and best.get("speedup_by_category"):
+        lines += ["", f"## By category: trial {best['trial']} `{best['label']}` against the baseline", "",
+                  _markdown_table(category_table(best))]
+    return "\n".join(lines) + "\n"
+
+
+def category_table(e: dict[str, Any]) -> list[dict[str, Any]]:
+    """A report entry's per-category numbers and speedups, one dict a category, biggest gain first."""
+    cats, sp = e["measurement"].get("by_category") or {}, e.get("speedup_by_category") or {}
+    out = [{"category": name, "requests": m.get("requests"), "output_tok_s": m.get("output_tok_s"),
+            "speedup": (sp.get(name) or {}).get("output_tok_s"), "tpot_ms_p50": m.get("tpot_ms_p50"),
+            "tpot_speedup": (sp.get(name) or {}).get("tpot_ms_p50"),
+            "mean_accepted_length": m.get("mean_accepted_length"), "acceptance_rate": m.get("acceptance_rate")}
+           for name, m in cats.items()]
+    return sorted(out, key=lambda r: -r["speedup"] if isinstance(r["speedup"], (int, float)) else math.inf)
+
+
+def _markdown_table(records: list[dict[str, Any]]) -> str:
+    import pandas as pd
+
+    return pd.DataFrame(records).to_markdown(index=False, floatfmt=".3g")
+
+
+def edge_line(e: dict[str, Any], label: str) -> str:
+    """One of best.json's ``edge`` entries in one line."""
+    gain = e["forecast"] / e["pick_forecast"] if e.get("pick_forecast") else None
+    return (f"edge: {label} sits at the space's top {e['knob']} ({e['top']}); one step past it ({e['beyond']}) "
+            f"the forecast is {e['forecast']:.2f}x [{e['lo']:.2f}-{e['hi']:.2f}]"
+            + (f", {gain:.2f} of the pick's own forecast" if gain else "")
+            + ("; a space that goes further may pay" if gain and gain > 1.03 else ""))
+
+
+def schedule_line(s: dict[str, Any]) -> str:
+    """best.json's ``schedule`` in one line: the ranges, the outcome, and why."""
+    ranges = f" k={schedule_text(s['ranges'])}" if s.get("ranges") else ""
+    checks = "; ".join(f"{c['level']} {c['ratio']:.2f}x [{c['lo']:.2f}-{c['hi']:.2f}] of {c['fixed']}"
+                       for c in s.get("checks") or [])
+    return f"depth schedule{ranges}: {s['status']}: {s['why']}" + (f" ({checks})" if checks else "")

@@ -1,0 +1,224 @@
+"""The in-process engine adapter: vLLM's async engine started in the worker process with a
+candidate's engine arguments (with autotune.run.served_engine, the only place that imports vLLM).
+
+It gives the replay (autotune.run.replay) streamed outputs, prompt log-probs and vLLM's own
+speculative-decoding counters; ``run_job`` returns plain data (a RawRun dict), so the parent
+never touches vLLM objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from autotune.core.records import Job, RawRun
+from autotune.run.hardware import vllm_version
+from autotune.run.replay import (Phase, measure_windows, prompt_text,
+                                  replay_requests, sampled_draws, score_greedy)
+
+from autotune.run.served_engine import (PER_POS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_speculation,  # noqa: F401
+                                    token_budget)
+
+
+def spec_counters() -> dict[str, Any]:
+    """Current values of vLLM's speculative-decoding counters (summed over label sets)."""
+    from vllm.v1.metrics.reader import Counter, Histogram, Vector, get_metrics_snapshot
+
+    out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    out.update({name: 0.0 for name in TIME_SUMS})
+    per_pos: list[int] = []
+    for m in get_metrics_snapshot():
+        if isinstance(m, Counter) and m.name in out:
+            out[m.name] += m.value
+        elif isinstance(m, Histogram) and m.name in TIME_SUMS:
+            out[m.name] += m.sum
+        elif isinstance(m, Vector) and m.name == PER_POS:
+            per_pos = [a + b for a, b in zip(per_pos, m.values)] + list(m.values[len(per_pos):])
+    out[PER_POS] = per_pos
+    return out
+
+
+def _engine_args(cls: Any, kwargs: dict[str, Any]) -> Any:
+    """The candidate's engine arguments plus what measuring needs (not part of the exported config):
+    vLLM's stats (the acceptance counters) and, with speculation where this vLLM has them, per-request
+    acceptance metrics (autotune.measure.categories: acceptance by request category)."""
+    import dataclasses
+
+    from autotune.run.vllm_ext import QUALNAME, needs_reset
+
+    extra: dict[str, Any] = {"disable_log_stats": False}
+    if needs_reset(kwargs):  # each window starts with an empty suffix cache (autotune.run.vllm_ext)
+        extra["worker_extension_cls"] = QUALNAME
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if kwargs.get("speculative_config") and "per_request_spec_decode_metrics" in fields:
+        extra["per_request_spec_decode_metrics"] = "summary"
+    return cls(**kwargs, **extra)
+
+
+class InProcess:
+    """vLLM's AsyncLLM in this process, behind the same methods as the served instrument
+    (autotune.run.served_engine.ServedEngine), so one replay drives either."""
+
+    def __init__(self, job: Job) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from autotune.run.vllm_ext import needs_reset
+
+        self.engine = AsyncLLM.from_engine_args(_engine_args(AsyncEngineArgs, job["engine_kwargs"]))
+        self.stateful = needs_reset(job["engine_kwargs"])
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
+    def token_budget(self) -> int | None:
+        return token_budget(getattr(self.engine, "vllm_config", None))
+
+    async def reset_prefix_cache(self) -> None:
+        await self.engine.reset_prefix_cache()
+
+    async def reset_drafter(self) -> None:
+        """Empty a proposer's cross-request state (suffix decoding's cache): autotune.run.vllm_ext."""
+        if self.stateful:
+            from autotune.run.vllm_ext import RESET
+
+            await self.engine.collective_rpc(RESET)
+
+    async def counters(self) -> dict[str, Any]:
+        return spec_counters()
+
+    async def stream(self, prompt: Any, sampling: dict[str, Any], rid: str) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from autotune.run.served_engine import Delta
+
+        params = SamplingParams(output_kind=RequestOutputKind.DELTA, **sampling)
+        async for out in self.engine.generate(prompt, params, rid):
+            comp = out.outputs[0]
+            spec = getattr(comp, "spec_decode_metrics", None) if out.finished else None
+            yield Delta(token_ids=list(comp.token_ids), text=comp.text, finished=out.finished,
+                        finish_reason=comp.finish_reason if out.finished else None,
+                        prompt_token_ids=None if out.prompt_token_ids is None else list(out.prompt_token_ids),
+                        spec_decode=None if spec is None else spec.to_dict())
+
+    async def prompt_logprobs(self, ids: list[int], k: int, rid: str) -> list[dict[int, tuple[float, int | None]]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+            pass
+        return [{t: (lp.logprob, lp.rank) for t, lp in (d or {}).items()} for d in final.prompt_logprobs]
+
+    def speculation(self) -> dict[str, Any] | None:
+        return resolved_speculation(getattr(self.engine, "vllm_config", None))
+
+    async def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+async def _start(job: Job) -> Any:
+    """The job's instrument: the exported ``vllm serve`` over HTTP, or AsyncLLM in this process."""
+    if job["replay"].get("instrument", "inprocess") == "served":
+        from autotune.run.served_engine import ServedEngine
+
+        log = Path(job.get("workdir") or ".") / SERVER_LOG  # beside worker.log
+        engine: Any = ServedEngine(engine_kwargs=job["engine_kwargs"], log_path=log)
+        try:
+            await engine.start()
+        except BaseException:
+            await engine.shutdown()
+            raise
+        return engine
+    return InProcess(job)
+
+
+async def _run(job: Job, phase: Phase) -> RawRun:
+    reqs, replay, fault = job["requests"], job["replay"], job.get("inject_fault")
+    load = replay["load"]
+    phase("engine", {})
+    t0 = time.perf_counter()
+    engine = await _start(job)
+    try:
+        init_s = time.perf_counter() - t0
+        prompts = [prompt_text(engine, r) for r in reqs]
+        n_warm = min(len(reqs), replay["warmup"])
+        phase("warmup", {"total": n_warm})
+        t1 = time.perf_counter()
+        # Unmeasured: first use JIT-compiles kernels (the ngram proposer among them).
+        await replay_requests(engine, reqs[:n_warm], prompts[:n_warm],
+                      {"kind": "concurrency", "concurrency": load.get("concurrency", 1)}, lambda n: None, fault)
+        warm_s = time.perf_counter() - t1
+        windows = await measure_windows(engine, reqs, prompts, load, replay, fault, phase, main=True)
+        levels = {lvl["label"]: await measure_windows(engine, reqs, prompts, lvl, replay, fault, phase)
+                  for lvl in replay.get("extra_loads", [])}
+        samples = await sampled_draws(engine, reqs, prompts, replay, fault, phase,
+                                 {x["id"]: x.get("prompt_tokens") for x in windows[0]["requests"]})
+        scores = await score_greedy(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
+        ran = engine.speculation()
+    finally:
+        await engine.shutdown()
+    return {"engine_init_s": init_s, "warmup_s": warm_s, "windows": windows, "levels": levels,
+            "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
+            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess")}
+
+
+async def _trace(job: Job, phase: Phase) -> dict[str, Any]:
+    """A draft model's greedy choice at every position of the baseline's outputs, teacher-forced.
+
+    ``job['trace']``: request id -> {"prompt": prompt token ids, "output": the baseline's tokens}.
+    The engine is the draft model alone. One prefill of prompt + output with ``prompt_logprobs=1``
+    gives the draft's argmax for each output token after the first (the rank-1 entry), and the one
+    generated token its choice after the whole output: ``argmax[i]`` predicts output[i + 1], as
+    autotune.forecast.predict.DraftTrace wants.
+    """
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    phase("engine", {})
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**job["engine_kwargs"]))
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+    out: dict[str, Any] = {}
+    rank_off = 0
+    try:
+        phase("score", {"total": len(job["trace"])})
+        for rid, t in job["trace"].items():
+            final = None
+            async for final in engine.generate(TokensPrompt(prompt_token_ids=t["prompt"] + t["output"]), params,
+                                               f"{rid}-trace-{uuid.uuid4().hex[:8]}"):
+                pass
+            by_pos = final.prompt_logprobs[len(t["prompt"]):]
+            best = [_argmax(d) for d in by_pos[1:]]
+            rank_off += sum(1 for d in by_pos[1:] if len(d) > 1 and next(iter(d.values())).rank == 1)
+            out[rid] = best + list(final.outputs[0].token_ids[:1])
+    finally:
+        engine.shutdown()
+    return {"traces": out, "rank_mismatches": rank_off, "vllm_version": vllm_version()}
+
+
+def _argmax(d: dict[int, Any]) -> int:
+    """The top-1 token of one ``prompt_logprobs=1`` position. vLLM builds the dict as the prompt
+    token first (with its computed rank), then the top-k (ranked by construction, 1..k), so the
+    top-1 is the last key whether or not it is the prompt token: no reliance on the computed rank.
+    A prompt token that claims rank 1 beside a different top-1 is counted (``rank_mismatches``),
+    so the trace would say if that rank were ever wrong (0 in every run so far)."""
+    return list(d)[-1]
+
+
+def run_job(job: Job, phase: Phase) -> RawRun:
+    """Start the engine for ``job['engine_kwargs']``, warm up, replay, return a RawRun dict (or, for a
+    trace job, a draft's teacher-forced argmax over the baseline's outputs: ``_trace``)."""
+    if "trace" in job:
+        return asyncio.run(_trace(job, phase))  # type: ignore[return-value]
+    return asyncio.run(_run(job, phase))

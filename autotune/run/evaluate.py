@@ -1,0 +1,177 @@
+"""Run, score, judge: a candidate's job -> its raw run -> a measurement and a verdict.
+
+One function for what a trial does between Optuna's ask and tell, so that the study, the
+benchmarks and the correctness tests run and judge a candidate the same way. No Optuna here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.core.candidate import Candidate
+from autotune.measure.categories import by_category
+from autotune.measure.config import StudyConfig
+from autotune.measure.metrics import at_level, measure_run
+from autotune.core.records import Job, JobRequest, Measurement, RawRun
+from autotune.measure.slo import goodput
+from autotune.measure.validate import Unspeculated, Verdict, verdict
+from autotune.run.worker import OnEvent, TrialOutcome, run_trial
+from autotune.core.workload import UNCATEGORIZED, Workload, expand_turns
+
+# The verdict's constraints, in Verdict.constraints order (<= 0 is feasible, as Optuna's).
+CONSTRAINTS = ("token_disagreement_over_budget", "expectation_regressions", "incomplete",
+               "distribution_shift", "logprob_drift_over_budget", "unverified")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What candidates are judged against: the baseline's outputs, sampled draws and scores."""
+
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    samples: dict[str, list[list[int]]] = field(default_factory=dict)
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def paths(self) -> dict[str, list[int]]:
+        """Request id -> the baseline's output tokens (greedy or sampled), which a candidate scores
+        teacher-forced."""
+        return {rid: s["token_ids"] for rid, s in self.scores.items()}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A measured and judged candidate (``failure`` set: the run cannot be scored)."""
+
+    measurement: Measurement
+    verdict: Verdict
+    reference: Reference  # this run's outputs, kept when it is the baseline
+    constraints: dict[str, float]
+    slo_missed: list[str]
+    values: list[float]  # the objectives, in StudyConfig.objectives order
+    failure: str | None = None
+
+    def summary(self) -> str:
+        """One line for the person watching."""
+        if self.failure:
+            return f"failed: {self.failure}"
+        m, v = self.measurement, self.verdict
+        return (f"{m['output_tok_s']:.1f} ± {m['output_tok_s_mad']:.1f} tok/s, e2e p50 {m['e2e_ms_p50']:.0f} ms, "
+                + ({"ok": "correct", "unverified": f"UNVERIFIED ({v.reason})"}.get(v.status, f"INCORRECT: {v.reason}"))
+                + (f"; misses SLO {', '.join(self.slo_missed)}" if self.slo_missed else ""))
+
+
+def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: Reference | None = None) -> Job:
+    """The plain-data job a worker runs: engine kwargs, requests, replay settings (and, for a
+    candidate, the baseline's output tokens to score)."""
+    reqs: list[JobRequest] = []
+    for r in workload.requests:
+        req: dict[str, Any] = {"id": r.id, "prompt": r.prompt, "messages": list(r.messages) if r.messages else None,
+                               "turns": list(r.turns) if r.turns else None, "category": r.category,
+                               "sampling": r.sampling(), "expect": r.expect, "arrival_s": r.arrival_s}
+        reqs.append({k: v for k, v in req.items()  # type: ignore[misc]
+                     if v is not None or k not in ("prompt", "messages", "turns", "category", "arrival_s")})
+    job: Job = {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
+                "replay": {"load": cfg.load.to_dict(), "extra_loads": [x.to_dict() for x in cfg.extra_loads],
+                           "repeats": cfg.repeats, "max_repeats": cfg.max_repeats, "warmup": cfg.warmup,
+                           "samples": cfg.samples, "sample_tokens": cfg.sample_tokens,
+                           "instrument": cfg.instrument},
+                "engine_module": cfg.engine_module}
+    if reference is not None:
+        job["reference"] = reference.paths()
+        # A lossy config's speculation cannot be judged against the baseline: its outputs move on
+        # purpose, and its drift is scored in a prefill that verifies no draft. So the worker also
+        # runs it without speculation, and speculation is held to the lossless rules against that
+        # (autotune.measure.validate). Run here rather than reused from a trial: the study may never
+        # measure that config, and one window plus the draws cost less than a trial.
+        if cand.lossy and "speculative_config" in job["engine_kwargs"]:
+            job["unspeculated"] = unspeculated_job(job)
+    return job
+
+
+def unspeculated_job(job: Job) -> Job:
+    """The reference a lossy config's speculation is judged against: the same engine without
+    speculation, replaying the same requests at the same load (batching moves numerics, so both
+    are batched alike) and drawing the same samples. It judges outputs, not speed: one window, no
+    extra load levels, and nothing to score (an empty ``reference``: the drift is the candidate's own
+    against the baseline). The worker runs it in a process of its own (autotune.run.worker.run_trial)."""
+    kw = {k: v for k, v in job["engine_kwargs"].items() if k != "speculative_config"}
+    replay = {**job["replay"], "extra_loads": [], "repeats": 1, "max_repeats": 1}
+    return {**{k: v for k, v in job.items() if k not in ("unspeculated", "reference")},  # type: ignore[typeddict-item]
+            "engine_kwargs": kw, "replay": replay, "reference": {}}
+
+
+def measure(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: StudyConfig) -> Measurement:
+    """Every load level's metrics (``metric@level`` for the extra ones), goodput, and by category."""
+    m = measure_run(raw)
+    m["goodput_windows"] = [goodput(w["requests"], cfg.slos) for w in raw["windows"]]
+    m["goodput"] = min(m["goodput_windows"])  # the worst window: an SLO must hold in every replay
+    m["remeasured_windows"] = max(0, m["windows"] - cfg.repeats)
+    for level in cfg.extra_loads:
+        at = measure_run({"windows": raw["levels"][level.label]})
+        m.update(at_level(at, level.label))
+        m["incomplete"] += at["incomplete"]
+    turns = expand_turns(requests)  # the engine returns one record per turn of a conversation
+    if any("category" in r for r in turns):
+        spec = cand.engine_kwargs(cfg.settings).get("speculative_config")
+        categories = {r["id"]: r.get("category", UNCATEGORIZED) for r in turns}
+        m["by_category"] = by_category(raw["windows"], categories, spec.get("num_speculative_tokens") if spec else 0)
+    return m
+
+
+def slo_constraints(m: Measurement, cfg: StudyConfig) -> tuple[dict[str, float], list[str]]:
+    """Each SLO as an Optuna constraint on measurement ``m`` (``slo:TEXT``, <= 0 met), and the SLOs missed."""
+    constraints = {f"slo:{slo.text}": slo.violation(m[slo.metric]) for slo in cfg.slos}
+    return constraints, [slo.text for slo in cfg.slos if constraints[f"slo:{slo.text}"] > 0]
+
+
+def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: StudyConfig,
+             reference: Reference | None) -> Evaluation:
+    """Measure and judge one raw run (``reference`` None: this is the baseline)."""
+    m = measure(raw, requests, cand, cfg)
+    records = raw["windows"][0]["requests"]  # every window replays the same requests
+    # prompt_token_ids: vLLM's own tokenization, from which autotune.forecast.predict replays acceptance.
+    outputs = [{"id": r["id"], "token_ids": r["token_ids"], "text": r["text"], "finish_reason": r["finish_reason"],
+                "error": r["error"], "chunks": len(r["chunks"]), "prompt_token_ids": r.get("prompt_token_ids")}
+               for r in records]
+    base = reference  # None for the baseline itself
+    v = verdict(expand_turns(requests), records, None if base is None else base.outputs, lossy=cand.lossy,
+                tol=cfg.tolerances, samples=raw.get("samples"), base_samples=None if base is None else base.samples,
+                scores=raw.get("scores"), base_scores=None if base is None else base.scores,
+                speculative=cand.method != "none", unspeculated=_unspeculated(raw))
+    slos, missed = slo_constraints(m, cfg)
+    constraints = {**dict(zip(CONSTRAINTS, v.constraints)), **slos}
+    values = [m[o] for o in cfg.objectives]
+    failure = None
+    if m["incomplete"]:
+        failure = f"incomplete run: {m['incomplete']} of {m['requests']} requests did not finish ({v.reason})"
+    elif any(not math.isfinite(x) for x in values):
+        failure = f"objective not measurable: {dict(zip(cfg.objectives, values))}"
+    own = Reference(outputs, raw.get("samples") or {}, raw.get("scores") or {})
+    return Evaluation(m, v, own, constraints, missed, values, failure)
+
+
+def _unspeculated(raw: RawRun) -> Unspeculated | None:
+    """The reference run of a lossy config's speculation (autotune.run.worker), as the verdict reads it."""
+    u = raw.get("unspeculated")
+    if u is None:
+        return None
+    return Unspeculated(outputs=u.get("outputs", []), samples=u.get("samples", {}), error=u.get("error"))
+
+
+def run_and_evaluate(cand: Candidate, workload: Workload, cfg: StudyConfig, workdir: Path, *,
+                     reference: Reference | None = None, env: dict[str, str] | None = None,
+                     on_event: OnEvent | None = None, fault: dict[str, Any] | None = None
+                     ) -> tuple[TrialOutcome, Evaluation | None]:
+    """A candidate end to end, as a study trial runs it, outside any study (benchmarks, tests).
+
+    ``fault``: a planted fault (autotune.run.replay.inject_fault), for testing the checks.
+    """
+    job = trial_job(cand, workload, cfg, reference)
+    if fault:
+        job["inject_fault"] = fault
+    outcome = run_trial(job, workdir, timeout_s=cfg.trial_timeout_s, env=env or {}, on_event=on_event)
+    if outcome.raw is None:
+        return outcome, None
+    return outcome, evaluate(outcome.raw, job["requests"], cand, cfg, reference)

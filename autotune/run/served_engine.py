@@ -1,0 +1,241 @@
+"""The served instrument: a trial measured through the exported ``vllm serve`` command, over HTTP.
+
+Why (issue 24, benchmarks/served_gap.py): an in-process AsyncLLM skips what serving costs each
+request (HTTP, the OpenAI layer, a client in another process). On 2 cores that was ~25-40 ms of
+TTFT a request, paid alike by every config, so it shrinks the faster config's speedup: the
+in-process claim sat 13-30% above what `vllm serve` + `vllm bench serve` measured. Served, a trial
+measures what users run.
+
+The worker starts the candidate's exact ``vllm serve`` arguments (autotune.serve.export.serve_argv)
+in its own process group, so ending the worker ends the server too; requests go to
+``/v1/completions`` streamed with ``return_token_ids``, like ``vllm bench serve`` (aiohttp);
+vLLM's counters come from ``/metrics`` (Prometheus text, parsed by prometheus_client); the prefix
+cache is reset through vLLM's dev endpoint (``VLLM_SERVER_DEV_MODE=1``). What vLLM resolved the
+config to (token budget, speculation) is read with vLLM's own parser and config, as `vllm serve`
+builds it. No vLLM import at module level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.serve.export import serve_argv
+from autotune.serve.servers import HOST, end_pgid, free_port, healthy, tail
+
+SERVER_LOG = "server.log"  # the served instrument's `vllm serve` output, in the trial's folder
+SERVER_PGID = "server.pgid"  # beside the server's log: its process group, for the parent to end
+READY_TIMEOUT_S = 600.0
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# vLLM's engine-side time of each request's prefill and decode (histogram sums, seconds): the
+# prefill share of a window without the client's view, which merges chunks when the API process
+# falls behind (then TTFT reads as the whole request).
+TIME_SUMS = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds")
+
+
+@dataclass
+class Delta:
+    """One streamed chunk of one request, whichever instrument produced it."""
+
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    spec_decode: dict[str, Any] | None = None
+
+
+def parse_counters(text: str) -> dict[str, Any]:
+    """vLLM's speculative-decoding counters from a ``/metrics`` page (summed over label sets;
+    the per-position vector ordered by its ``position`` label)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    sums: dict[str, float] = {name: 0.0 for name in TIME_SUMS}
+    per_pos: dict[int, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.endswith("_sum") and s.name[: -len("_sum")] in sums:
+                sums[s.name[: -len("_sum")]] += s.value
+            if not s.name.endswith("_total"):
+                continue
+            name = s.name[: -len("_total")]
+            if name in out:
+                out[name] += s.value
+            elif name == PER_POS:
+                pos = int(s.labels.get("position", 0))
+                per_pos[pos] = per_pos.get(pos, 0) + s.value
+    out = {k: int(v) for k, v in out.items()}
+    out[PER_POS] = [int(per_pos[p]) for p in sorted(per_pos)]
+    out.update(sums)
+    return out
+
+
+def token_budget(vllm_config: Any) -> int | None:
+    """The scheduler's tokens per step (``max_num_batched_tokens``), None where it cannot be read."""
+    try:
+        return int(vllm_config.scheduler_config.max_num_batched_tokens)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def resolved_speculation(vllm_config: Any) -> dict[str, Any] | None:
+    """What vLLM resolved the speculation to (its own config, after defaults): the evidence that a
+    knob reached the engine, kept with the trial."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return None
+    from autotune.core.candidate import SPEC_KEYS
+
+    return {k: getattr(spec, k) for k in ("method", *SPEC_KEYS)
+            if isinstance(getattr(spec, k, None), (str, int, float, list))}
+
+
+@dataclass
+class ServedEngine:
+    """A `vllm serve` of one candidate, driven over HTTP (see the module docstring)."""
+
+    engine_kwargs: dict[str, Any]
+    log_path: Path
+    ready_timeout_s: float = READY_TIMEOUT_S
+    python: str = sys.executable
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    vllm_config: Any = None  # as `vllm serve` builds it from the same arguments
+    _tok: Any = None
+    _session: Any = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def model(self) -> str:
+        return str(self.engine_kwargs["model"])
+
+    def argv(self) -> list[str]:
+        """The server's command line: the exported arguments, plus where to listen."""
+        from autotune.run.vllm_ext import QUALNAME, needs_reset
+
+        extra = ["--worker-extension-cls", QUALNAME] if needs_reset(self.engine_kwargs) else []
+        return [self.python, "-m", "autotune.vllm_cli", "serve", *serve_argv(self.engine_kwargs),
+                "--host", HOST, "--port", str(self.port), *extra]
+
+    async def start(self) -> float:
+        """Start the server, resolve its config meanwhile, wait until healthy; the seconds it took."""
+        self.port = self.port or free_port()
+        t0 = time.perf_counter()
+        log = open(self.log_path, "w")
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        # A session of its own, as `vllm serve` runs for users and in `autotune confirm`: Linux
+        # schedules sessions as groups (autogroup), and on few cores the server's own group
+        # changes how its API process keeps up with the engine (benchmarks/served_gap.py). Its
+        # process group is written beside the log, so the parent ends it with the worker's.
+        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        self.log_path.with_name(SERVER_PGID).write_text(str(self.proc.pid))
+        self.vllm_config = await asyncio.to_thread(self._resolve)
+        while not healthy(f"{self.base_url}/health"):
+            code = self.proc.poll()
+            if code is not None:
+                raise RuntimeError(f"vllm serve exited before it was ready (exit code {code}): {tail(self.log_path, 6)}")
+            if time.perf_counter() - t0 > self.ready_timeout_s:
+                raise RuntimeError(f"vllm serve not ready after {self.ready_timeout_s:g} s: {tail(self.log_path, 6)}")
+            await asyncio.sleep(0.25)
+        import aiohttp
+
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
+                                              connector=aiohttp.TCPConnector(limit=0))
+        return time.perf_counter() - t0
+
+    def _resolve(self) -> Any:
+        from vllm.usage.usage_lib import UsageContext
+
+        from autotune.vllm_cli import engine_args_from_serve
+
+        return engine_args_from_serve(serve_argv(self.engine_kwargs)).create_engine_config(
+            UsageContext.OPENAI_API_SERVER)
+
+    def get_tokenizer(self) -> Any:
+        if self._tok is None:
+            from autotune.core.context import load_tokenizer
+
+            self._tok = load_tokenizer(self.engine_kwargs.get("tokenizer") or self.model,
+                                       trust_remote_code=bool(self.engine_kwargs.get("trust_remote_code")))
+        return self._tok
+
+    def token_budget(self) -> int | None:
+        return token_budget(self.vllm_config)
+
+    async def reset_prefix_cache(self) -> None:
+        async with self._session.post(f"{self.base_url}/reset_prefix_cache") as r:
+            if r.status != 200:
+                raise RuntimeError(f"POST /reset_prefix_cache: HTTP {r.status}")
+
+    async def reset_drafter(self) -> None:
+        """Empty a proposer's cross-request state (suffix decoding's cache) through vLLM's dev
+        ``/collective_rpc`` and the worker extension the server was started with (autotune.run.vllm_ext)."""
+        from autotune.run.vllm_ext import RESET, needs_reset
+
+        if not needs_reset(self.engine_kwargs):
+            return
+        async with self._session.post(f"{self.base_url}/collective_rpc", json={"method": RESET}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"POST /collective_rpc {RESET}: HTTP {r.status}: {(await r.text())[:200]}")
+
+    async def counters(self) -> dict[str, Any]:
+        async with self._session.get(f"{self.base_url}/metrics") as r:
+            return parse_counters(await r.text())
+
+    async def stream(self, prompt: str | list[int], sampling: dict[str, Any], rid: str) -> AsyncIterator[Delta]:
+        """One request streamed from /v1/completions: a Delta per chunk, the last one finished."""
+        body = {"model": self.model, "prompt": prompt, "stream": True, "return_token_ids": True, **sampling}
+        async with self._session.post(f"{self.base_url}/v1/completions", json=body,
+                                      headers={"X-Request-Id": rid}) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if not data.get("choices"):
+                    continue
+                ch = data["choices"][0]
+                yield Delta(token_ids=list(ch.get("token_ids") or []), text=ch.get("text") or "",
+                            finished=ch.get("finish_reason") is not None, finish_reason=ch.get("finish_reason"),
+                            prompt_token_ids=ch.get("prompt_token_ids") or data.get("prompt_token_ids"))
+
+    async def prompt_logprobs(self, ids: list[int], k: int, rid: str) -> list[dict[int, tuple[float, int | None]]]:
+        """Each prompt position's {token id: (log-prob, rank)}: the scored token and the top ``k``."""
+        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
+        async with self._session.post(f"{self.base_url}/v1/completions", json=body,
+                                      headers={"X-Request-Id": rid}) as resp:
+            data = await resp.json()
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {str(data)[:300]}")
+        by_pos = data["choices"][0].get("prompt_logprobs") or []
+        return [{int(t): (float(v["logprob"]), v.get("rank")) for t, v in (d or {}).items()} for d in by_pos]
+
+    def speculation(self) -> dict[str, Any] | None:
+        return resolved_speculation(self.vllm_config)
+
+    async def shutdown(self) -> None:
+        """End the server's process group: SIGTERM (vLLM stops its engine core), SIGKILL after 30 s."""
+        if self._session is not None:
+            await self._session.close()
+        if self.proc is not None:
+            await asyncio.to_thread(end_pgid, self.proc.pid, proc=self.proc)
+            # ended: the parent must not signal that group id again (it could be reused)
+            self.log_path.with_name(SERVER_PGID).unlink(missing_ok=True)
+

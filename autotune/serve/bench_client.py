@@ -1,0 +1,152 @@
+"""What `vllm bench serve` sends for a study's workload, and what it reports back.
+
+The client takes one dataset file (`--dataset-name custom`: a prompt and its output length a line)
+and one set of flags for every request; this builds both from the workload and the study's load,
+with a note for whatever of the workload the client cannot carry. Reads the client's result JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import BadInput
+from autotune.core.workload import first_prompt
+from autotune.serve.servers import ServeFailed
+
+DEFAULT_WARMUPS = 3
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    """What ``vllm bench serve`` sends: its dataset rows, its flags (all but the server and result
+    file), and what of the workload it cannot carry."""
+
+    rows: list[dict[str, Any]]
+    flags: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the client sends
+
+
+def _mode(values: list[Any]) -> tuple[Any, bool]:
+    """The most common value, and whether every value is that one."""
+    counts = Counter(values)
+    value, n = counts.most_common(1)[0]
+    return value, n == len(values)
+
+
+def load_flags(label: str | None, *, requests: list[Any], seed: int = 0) -> tuple[list[str], list[str]]:
+    """``vllm bench serve`` flags for the study's load (its label in best.json), and notes.
+
+    ``concurrency=N``: closed loop; ``batch``: everything at once; ``poisson=R/s``: Poisson arrivals
+    at R/s (seeded); ``replay``: the client cannot replay offsets from a custom dataset, so Poisson
+    arrivals at the workload's mean rate, said in a note.
+    """
+    from autotune.core.load import parse_load
+
+    text = (label or "concurrency=1").strip()
+    if text.startswith("poisson=") and text.endswith("/s"):
+        text = text[:-2]
+    try:
+        load = parse_load(text, seed=seed)
+    except BadInput:
+        raise BadInput(f"best.json: key 'load': expected concurrency=N, batch, poisson=R/s or replay, "
+                       f"got {label!r}") from None
+    if load.kind == "concurrency":
+        return ["--request-rate", "inf", "--max-concurrency", str(load.concurrency)], []
+    if load.kind == "batch":
+        return ["--request-rate", "inf"], []
+    if load.kind == "poisson":
+        return ["--request-rate", f"{load.rate:g}", "--burstiness", "1", "--seed", str(seed)], []
+    arrivals = sorted(r.arrival_s for r in requests if r.arrival_s is not None)
+    span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
+    if span <= 0:
+        return ["--request-rate", "inf"], ["replay: the workload's arrivals span no time; sent all at once"]
+    rate = (len(arrivals) - 1) / span
+    return (["--request-rate", f"{rate:.6g}", "--burstiness", "1", "--seed", str(seed)],
+            [f"replay: vllm bench serve cannot replay arrival offsets from a custom dataset; Poisson arrivals "
+             f"at the workload's mean rate, {rate:.3g} requests/s"])
+
+
+def client_plan(requests: list[Any], *, load: str | None, render: Callable[[list[dict[str, str]]], str] | None,
+                warmups: int = DEFAULT_WARMUPS, seed: int = 0) -> ClientPlan:
+    """The bench dataset and flags for ``requests`` (``autotune.core.workload.Request``) at ``load``.
+
+    Prompts are sent as text to /v1/completions, as the study's engine receives them: a ``prompt``
+    as written, chat ``messages`` rendered with the model's chat template (``render``), so the
+    client's own template step is skipped (``--skip-chat-template``). Each request keeps its own
+    ``max_tokens`` (the custom dataset's ``output_tokens`` with ``--custom-output-len -1``). Sampling,
+    ``ignore_eos`` and ``stop`` are one setting for all requests in ``vllm bench serve``: the
+    workload's, where every request has the same, else the most common, said in a note.
+    """
+    if not requests:
+        raise BadInput("workload: no requests to send")
+    notes: list[str] = []
+    rows = []
+    for r in requests:
+        if r.prompt is None and render is None:
+            raise BadInput(f"request {r.id!r}: chat messages need the model's tokenizer to render them")
+        rows.append({"prompt": first_prompt(r, render), "output_tokens": r.max_tokens})
+    if any(r.turns and len(r.turns) > 1 for r in requests):
+        notes.append("multi-turn requests: the client sends each one's first turn only")
+    sampling, same = _mode([(r.temperature, r.top_p, r.top_k) for r in requests])
+    if not same:
+        notes.append(f"sampling differs by request; the client sends one setting for all, the most common: "
+                     f"temperature={sampling[0]:g}, top_p={sampling[1]:g}, top_k={sampling[2]}")
+    flags = ["--temperature", f"{sampling[0]:g}", "--top-p", f"{sampling[1]:g}"]
+    if sampling[2] > 0:
+        flags += ["--top-k", str(sampling[2])]
+    ignore_eos, same = _mode([r.ignore_eos for r in requests])
+    if ignore_eos:
+        flags.append("--ignore-eos")
+    if not same:
+        notes.append(f"ignore_eos differs by request; the client sends ignore_eos={str(ignore_eos).lower()} for all")
+    stop, same = _mode([r.stop for r in requests])
+    if stop:
+        flags += ["--extra-body", json.dumps({"stop": list(stop)})]
+    if not same:
+        notes.append(f"stop sequences differ by request; the client sends {list(stop)} for all")
+    if any(r.seed is not None for r in requests):
+        notes.append("per-request seeds are not sent (vllm bench serve has no per-request seed)")
+    lf, ln = load_flags(load, requests=requests, seed=seed)
+    flags += ["--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "custom",
+              "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle", "--no-oversample",
+              "--num-prompts", str(len(rows)), "--num-warmups", str(warmups), *lf,
+              "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
+              "--disable-tqdm"]
+    return ClientPlan(rows=rows, flags=flags, notes=notes + ln)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a bench result
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def read_bench(path: Path, *, expected: int) -> dict[str, Any]:
+    """A ``vllm bench serve --save-result`` JSON, checked complete: every request succeeded."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ServeFailed(f"{path}: no readable vllm bench serve result ({e})") from None
+    done, failed = data.get("completed"), data.get("failed") or 0
+    if done != expected or failed:
+        raise ServeFailed(f"{path}: incomplete run: {done} of {expected} requests completed, {failed} failed")
+    if not _num(data.get("output_throughput")):
+        raise ServeFailed(f"{path}: no output_throughput in the result")
+    return data
+
+
+def _scaled(x: Any, factor: float) -> float | None:
+    v = _num(x)
+    return None if v is None else v * factor

@@ -1,0 +1,137 @@
+"""The served numbers (autotune confirm): their verdict against the study's claim, the one line
+that shows them, and the comparison `autotune check` makes when both runs were served.
+Reads best.json dicts only; needs neither Optuna nor vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.serve.bench_client import _num
+
+AGREE = "agree"
+
+
+
+
+def _fmt(x: float, lo: float | None, hi: float | None) -> str:
+    return f"{x:.2f}x" + (f" [{lo:.2f}-{hi:.2f}]" if lo is not None and hi is not None else "")
+
+
+AGREE_WITHIN = 0.05  # claimed/served inside 1 +- this is agreement; overlapping intervals are not
+
+
+def claim_ratio(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None]
+                ) -> tuple[float, float, float]:
+    """claimed / served with an interval: the ratio of the points, and the widest ratios the two
+    intervals allow (a side without an interval is its point)."""
+    s, s_lo, s_hi = served
+    c, c_lo, c_hi = claimed
+    s_lo, s_hi = (s if s_lo is None else s_lo), (s if s_hi is None else s_hi)
+    c_lo, c_hi = (c if c_lo is None else c_lo), (c if c_hi is None else c_hi)
+    return c / s, c_lo / s_hi, c_hi / s_lo
+
+
+def verdict(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None]
+            ) -> str:
+    """``agree`` where the claim lies within 5% of the served speedup (claimed/served in
+    0.95-1.05); else one line giving claimed/served with its interval and which lies above.
+    Overlapping intervals alone are no agreement: with 3 rounds a side they overlap at 20% apart."""
+    r, lo, hi = claim_ratio(served, claimed)
+    if abs(r - 1) <= AGREE_WITHIN:
+        return AGREE
+    where = "above" if r > 1 else "below"
+    return (f"the claimed {_fmt(claimed[0], *claimed[1:])} (the study's) lies {abs(r - 1):.0%} {where} the served "
+            f"{_fmt(served[0], *served[1:])}: claimed/served {r:.2f} [{lo:.2f}-{hi:.2f}], outside "
+            f"1 +- {AGREE_WITHIN:.0%}")
+
+
+def served_line(report: dict[str, Any]) -> str | None:
+    """One line for the console and reports: served beside claimed, or why there is no served number."""
+    best = report.get("best") or {}
+    sv = best.get("served")
+    if not sv:
+        return None
+    if sv.get("failure"):
+        return f"served: not confirmed: {sv['failure']}"
+    c = sv.get("claimed") or {}
+    claim = f"; claimed by the study {_fmt(c['speedup'], c.get('lo'), c.get('hi'))}" if _num(c.get("speedup")) else ""
+    line = (f"served: {_fmt(sv['speedup'], sv.get('speedup_lo'), sv.get('speedup_hi'))} the baseline's output "
+            f"tok/s (vllm serve + vllm bench serve, {sv['rounds']} round(s) a side, 95% interval over rounds)"
+            f"{claim}")
+    v = report.get("served_vs_claimed")
+    if v == AGREE and _num(c.get("speedup")):
+        return line + f": claimed/served {c['speedup'] / sv['speedup']:.2f}, within {AGREE_WITHIN:.0%}"
+    return line + (f": {v}" if v else "")
+
+
+
+
+@dataclass(frozen=True)
+class ServedComparison:
+    """The served throughput speedups of the two picks (each over its own run's baseline)."""
+
+    new: float | None
+    new_lo: float | None
+    new_hi: float | None
+    old: float | None
+    old_lo: float | None
+    old_hi: float | None
+    ratio: float | None  # new / old, > 1 better; None unless both were served
+    ratio_lo: float | None  # the widest new / old the two served intervals allow
+    ratio_hi: float | None
+    reasons: list[str]  # beyond the ratio: each makes `check` fail
+    notes: list[str]
+
+
+def _served_of(report: dict[str, Any]) -> dict[str, Any] | None:
+    sv = (report.get("best") or {}).get("served")
+    return sv if isinstance(sv, dict) else None
+
+
+def compare_served(new: dict[str, Any], old: dict[str, Any]) -> ServedComparison | None:
+    """``check``'s view of the served numbers in two StudyReports (best.json dicts); None when
+    neither has any.
+
+    Both served: the throughput comparison uses the served speedups (``ratio``; `check` puts it
+    in place of the study's claims across two runs). A served speedup is compared only with
+    another served one: a study's claim rests on fewer server instances. Fails (``reasons``): the new pick's
+    served confirmation failed (the exported command did not serve), or its served speedup
+    interval lies wholly below 1 (slower than the baseline when served).
+    """
+    sn, so = _served_of(new), _served_of(old)
+    if sn is None and so is None:
+        return None
+    reasons: list[str] = []
+    notes: list[str] = []
+    vals: dict[str, tuple[float | None, float | None, float | None]] = {}
+    for key, sv in (("new", sn), ("old", so)):
+        if sv is None or sv.get("failure"):
+            vals[key] = (None, None, None)
+            continue
+        vals[key] = (_num(sv.get("speedup")), _num(sv.get("speedup_lo")), _num(sv.get("speedup_hi")))
+    if sn is not None and sn.get("failure"):
+        reasons.append(f"the new pick's exported command failed when served (autotune confirm): {sn['failure']}")
+    elif sn is None:
+        notes.append("the new pick was not confirmed served (autotune confirm): the study's numbers only")
+    n, n_lo, n_hi = vals["new"]
+    if n is not None:
+        hi = n if n_hi is None else n_hi
+        if hi < 1:
+            reasons.append(f"the new pick is slower than its baseline when served: {_fmt(n, n_lo, n_hi)} "
+                           "(vllm serve + vllm bench serve)")
+        if new.get("served_vs_claimed") not in (None, AGREE):
+            notes.append(new["served_vs_claimed"])
+    o, o_lo, o_hi = vals["old"]
+    ratio = n / o if n is not None and o is not None and o > 0 else None
+    r_lo = r_hi = None
+    if ratio is not None and None not in (n_lo, n_hi, o_lo, o_hi) and o_lo > 0:
+        r_lo, r_hi = n_lo / o_hi, n_hi / o_lo
+    if ratio is not None:
+        notes.append(f"output_tok_s: compared on served speedups (vllm serve + vllm bench serve): "
+                     f"{_fmt(*vals['old'])} then, {_fmt(*vals['new'])} now")
+    elif n is not None or o is not None:
+        notes.append("only one run has served numbers: throughput compared on the studies' speedups")
+    return ServedComparison(new=n, new_lo=n_lo, new_hi=n_hi, old=o, old_lo=vals["old"][1], old_hi=vals["old"][2],
+                            ratio=ratio, ratio_lo=r_lo, ratio_hi=r_hi, reasons=reasons, notes=notes)

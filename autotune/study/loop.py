@@ -1,0 +1,227 @@
+"""The Optuna study: ask a candidate, run it in a worker, judge it, tell Optuna.
+
+Trial 0 is always the baseline (no speculation, the space's default engine settings).
+Failed trials (crash, timeout, incomplete run) are Optuna FAIL states with their reason in
+``user_attrs['failure']``; wrong outputs make a trial infeasible through ``Trial.set_constraint``.
+Everything a report needs is kept in the Optuna storage, so an interrupted study resumes
+with nothing completed lost and a study shared by several workers has one source of truth.
+Here: the worker threads, asking, the budget and stale workers. Opening a study is
+autotune.study.opening, one trial from ask to tell autotune.study.record, fresh-engine rounds
+autotune.study.remeasure, judging a trial autotune.run.evaluate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.core import attrs
+from autotune.core.attrs import BASELINE
+from autotune.core.candidate import Candidate
+from autotune.measure.config import Progress, Quiet, StudyConfig
+from autotune.core.errors import BadInput, StudyFailed
+from autotune.study.optuna_private import stale_trial_ids, storage_of, trial_id
+from autotune.core.space import SearchSpace
+from autotune.study.trials import waiting, SCHEDULE_KEY, baseline_trial, counts, finished
+from autotune.study.strategy import needs_trace, plan, trace_draft
+from autotune.study.storage import dead_here, has_heartbeat, worker_id
+from autotune.core.workload import Workload
+
+from autotune.study.opening import describe, open_study, queue_first
+from autotune.study.record import duplicate_of, frozen, mark_interrupted, run_one
+from autotune.study.remeasure import extra_work
+
+__all__ = ["open_study", "run_study"]
+
+
+def _running(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def _fail_stale(study: optuna.Study) -> int:
+    """Fail RUNNING trials whose worker is gone: a dead pid on this host, or (RDB storages) no
+    heartbeat for GRACE_S, wherever it ran. Live workers' trials are left alone. Returns how many."""
+    gone = [(t, "interrupted (its worker process is gone)") for t in dead_here(study)]
+    if has_heartbeat(storage_of(study)):
+        stale = stale_trial_ids(study)
+        gone += [(t, "interrupted (its worker stopped: no heartbeat)") for t in _running(study) if trial_id(t) in stale]
+    for t, failure in gone:
+        mark_interrupted(study, t, failure)
+    return len(gone)
+
+
+def _retry_interrupted(study: optuna.Study, *, left_out: bool = False) -> None:
+    """Queue again each interrupted candidate that has not been measured since; with ``left_out``
+    (a resumed study, whose budget may be larger now) each one left out when the budget ran out, too."""
+    trials = study.get_trials(deepcopy=False)
+    done = {Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() for t in trials
+            if counts(t) or t.state in (TrialState.WAITING, TrialState.RUNNING)}
+    for t in trials:
+        key = Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key()
+        again = t.user_attrs.get(attrs.INTERRUPTED) or (left_out and attrs.LEFT_OUT in t.user_attrs)
+        if again and t.user_attrs.get(attrs.ROLE) != BASELINE and key not in done:
+            study.enqueue_trial(t.params)
+            done.add(key)
+
+
+def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
+              progress: Progress | None = None, resume: bool = False,
+              enqueue: list[dict[str, Any]] = (), deployed: dict[str, Any] | None = None,
+              worker_envs: list[dict[str, str]] = ({},)) -> optuna.Study:
+    """Run (or continue, or join) the study until ``n_trials`` trials have finished.
+
+    ``enqueue``: parameter sets to measure first, right after the baseline (Optuna ``enqueue_trial``).
+    ``deployed``: the deployed config's parameters (a warm start): measured first of all after the
+    baseline, as role "deployed", so that `autotune check` compares the new pick with it in one run.
+    ``worker_envs``: one worker thread each, with that environment for its trials (its device set).
+    Other processes may work on the same study (same name and storage) at the same time.
+    """
+    progress = progress or Quiet()
+    cfg.results_dir.mkdir(parents=True, exist_ok=True)
+    study = open_study(cfg)
+    _fail_stale(study)
+    if resume:
+        _retry_interrupted(study, left_out=True)
+    elif finished(study):
+        raise BadInput(f"--study: {cfg.name!r} already has trials in {cfg.results_dir}; "
+                       "pass --resume to continue it (or to join its workers) or choose another --study name")
+    describe(study, cfg, workload, space)
+    queue_first(study, space, enqueue, deployed)
+    if len(worker_envs) == 1:
+        _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None)
+    else:
+        _threads(study, cfg, workload, space, progress, worker_envs)
+    return study
+
+
+def _threads(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
+             worker_envs: list[dict[str, str]]) -> None:
+    """One worker thread per device environment, until the budget is used or Ctrl-C."""
+    stop, errors = threading.Event(), []
+    done = [threading.Event() for _ in worker_envs]
+
+    def work(i: int) -> None:
+        try:
+            _work(study, cfg, workload, space, progress, env=worker_envs[i], thread=i, stop=stop)
+        except KeyboardInterrupt:
+            pass  # stop was set: the trial in hand is marked interrupted
+        except BaseException as e:  # a failed baseline ends every worker, as it ends a single one
+            errors.append(e)
+            stop.set()
+        finally:
+            done[i].set()
+
+    for i in range(len(worker_envs)):
+        threading.Thread(target=work, args=(i,), name=f"autotune-worker-{i}", daemon=True).start()
+    try:
+        for d in done:
+            while not d.wait(0.2):  # a timed wait lets Ctrl-C through
+                pass
+    except KeyboardInterrupt:  # Ctrl-C reaches this thread only: stop the workers, which mark their trials
+        # Not Thread.join: on CPython 3.11 a join interrupted by Ctrl-C marks the thread as ended.
+        stop.set()
+        for d in done:
+            d.wait()
+        raise
+    if errors:
+        raise errors[0]
+
+
+def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
+          *, env: dict[str, str], thread: int, stop: threading.Event | None) -> None:
+    """One worker: ask, measure, tell, until the study's budget is used (by every worker together)."""
+    asks = duplicates = 0
+    # Each duplicate costs an ask, not a measurement; a small space can run out of new configs.
+    while asks < 4 * cfg.n_trials + 4:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
+        if _fail_stale(study):
+            _retry_interrupted(study)
+        running = _running(study)
+        spent = len(finished(study)) + len([t for t in running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]) \
+            >= cfg.n_trials
+        # The budget is used: configs still queued are left out (each asked, then told why) before a depth
+        # schedule and the fresh-engine re-measurements, which come on top of it, are queued behind them.
+        if spent and not _queued_in_budget(study) and not extra_work(study, space, cfg):
+            return
+        base = baseline_trial(study)
+        if base is None and any(t.user_attrs.get(attrs.ROLE) == BASELINE for t in running):
+            time.sleep(1.0)  # another worker measures the reference; candidates are judged against it
+            continue
+        if base is not None and not waiting(study):
+            if needs_trace(space, cfg.settings) and (failure := trace_draft(study, space, cfg, env, cfg.results_dir)):
+                progress.note(f"draft trace failed: {failure}; draft_model candidates are measured without a "
+                              f"forecast (worker log: {cfg.results_dir / 'draft-trace' / 'worker.log'})")
+            step = plan(study, space, cfg.strategy, cfg.settings.max_model_len, past_edge=cfg.past_edge)
+            if step.stop:
+                study.set_user_attr(attrs.STOPPED, step.why)
+                if extra_work(study, space, cfg):
+                    continue
+                return
+            if step.params is not None:
+                study.enqueue_trial(step.params, user_attrs={attrs.PLANNED: step.why,
+                                                             **({attrs.PAST_EDGE: step.beyond} if step.beyond else {})})
+        asks += 1
+        trial = study.ask()
+        trial.set_user_attr(attrs.WORKER, worker_id(thread))
+        is_base = base is None
+        if is_base:  # the reference comes first; a candidate popped ahead of it goes back in line
+            fixed = frozen(study, trial.number).system_attrs.get("fixed_params")
+            if fixed and trial.user_attrs.get(attrs.ROLE) != BASELINE:
+                study.enqueue_trial(fixed)
+            trial.set_user_attr(attrs.ROLE, BASELINE)
+        elif trial.user_attrs.get(attrs.ROLE) == BASELINE:  # queued twice (two workers started at once)
+            trial.set_user_attr(attrs.ROLE, attrs.EXTRA_BASELINE)
+        cand = space.baseline_candidate() if is_base else space.suggest(trial)
+        if attrs.SCHEDULE_RANGES in trial.user_attrs:  # not an Optuna parameter: a list
+            cand = Candidate({**cand.params, SCHEDULE_KEY: trial.user_attrs[attrs.SCHEDULE_RANGES]})
+        if attrs.PAST_EDGE in trial.user_attrs:  # outside the space's distributions, so not an Optuna parameter
+            cand = Candidate({**cand.params, **trial.user_attrs[attrs.PAST_EDGE]})
+        trial.set_user_attr(attrs.CANDIDATE, cand.params)
+        trial.set_user_attr(attrs.LABEL, cand.label)
+        if spent and _leave_out(study, trial, cand, cfg, progress):
+            asks -= 1  # the queue is finite: leaving a config out asks the sampler nothing
+            continue
+        dup = None if attrs.role(trial) == attrs.REMEASURE else duplicate_of(study, cand, trial.number, is_base)
+        if dup is not None:  # never measure the same config twice without meaning to
+            trial.set_user_attr(attrs.DUPLICATE_OF, dup)
+            study.tell(trial, state=TrialState.PRUNED)
+            duplicates += 1
+            continue
+        run_one(study, trial, cand, workload, space, cfg, progress, is_base, env=env, stop=stop)
+        if is_base and baseline_trial(study) is None:
+            reason = frozen(study, trial.number).user_attrs.get(attrs.FAILURE, "unknown")
+            raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
+    why = (f"{duplicates} of {asks} asks drew a config already measured, with {len(finished(study))} of the "
+           f"{cfg.n_trials} trials used: the space may hold no new config for this sampler")
+    study.set_user_attr(attrs.STOPPED, why)
+    progress.note(f"stopped: {why}")
+
+
+def _queued_in_budget(study: optuna.Study) -> bool:
+    """Configs waiting in the queue that would use the --trials budget (not a schedule's, not a re-measurement)."""
+    return any(attrs.role(t) not in attrs.OUTSIDE_BUDGET
+               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def _leave_out(study: optuna.Study, trial: optuna.Trial, cand: Candidate, cfg: StudyConfig,
+               progress: Progress) -> bool:
+    """A config from the queue (--try, a warm start, a plan) asked after the budget was used: told
+    as not measured, with one line saying so, so that what comes on top of the budget (the
+    fresh-engine re-measurements) is not starved behind it. False for anything else."""
+    role = attrs.role(trial)
+    if role in (BASELINE, attrs.EXTRA_BASELINE, *attrs.OUTSIDE_BUDGET) or \
+            not frozen(study, trial.number).system_attrs.get("fixed_params"):
+        return False
+    why = (f"left out: {cand.label} (queued, but the --trials budget of {cfg.n_trials} is used; "
+           "--resume with a larger --trials measures it)")
+    trial.set_user_attr(attrs.LEFT_OUT, why)
+    study.tell(trial, state=TrialState.PRUNED)
+    progress.note(why)
+    return True
+
+

@@ -1,0 +1,172 @@
+"""From a finished Optuna study to tables: one row per trial, the feasible Pareto front, the pick."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.core import attrs
+from autotune.core.candidate import Candidate
+from autotune.measure.metrics import instances_of, paired_interval, ratio_interval
+from autotune.measure.objectives import metric_key, parse_key, windows_key
+from autotune.study.trials import feasible, is_schedule, reference_trial, superseded
+
+METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
+                  "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
+                  "engine_init_s", "completed", "incomplete")
+
+
+LEVEL_COLUMNS = ("output_tok_s", "windows", "noisy", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "e2e_ms_p95",
+                 "acceptance_rate")
+
+
+def pareto_trials(study: optuna.Study, *, schedules: bool = True) -> list[FrozenTrial]:
+    """Optuna's Pareto front over feasible trials only (a wrong config is never on it); a trial
+    measured again on a fresh engine is there as its pooled re-measurement. ``schedules=False``:
+    the front of fixed-depth configs (a schedule is the pick only by autotune.study.schedule's checks)."""
+    from autotune.study.optuna_private import pareto_front
+
+    old = superseded(study)
+    current = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+               if t.number not in old and (schedules or not is_schedule(t))]
+    return sorted((t for t in pareto_front(study, current) if feasible(t)), key=lambda t: t.number)
+
+
+LOSSY_MIN_GAIN = 0.03  # default --lossy-min-gain
+
+
+def _windows(t: FrozenTrial, objective: str) -> list[float]:
+    return t.user_attrs[attrs.MEASUREMENT].get(windows_key(objective)) or []
+
+
+def lossy_gain(lossy: FrozenTrial, lossless: FrozenTrial, objective: str, maximize: bool) -> tuple[float, float]:
+    """95% bootstrap interval of the lossy trial's gain over the lossless one on ``objective``
+    (a ratio, > 1 when the lossy one is better), over their measured windows."""
+    a, b = _windows(lossy, objective), _windows(lossless, objective)
+    return ratio_interval(a, b) if maximize else ratio_interval(b, a)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The pick, and the lossy trial it was chosen over (if any) with that trial's gain interval."""
+
+    trial: FrozenTrial
+    passed_over: FrozenTrial | None = None
+    gain: tuple[float, float] = (float("nan"), float("nan"))
+    min_gain: float = LOSSY_MIN_GAIN
+
+
+def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choice | None:
+    """The Pareto trial that is best on the first (primary) objective, lossless first.
+
+    A lossy pick (KV dtype, dtype, quantization) stands only where its gain over the best feasible
+    lossless trial is significant: the bootstrap interval of the ratio lies above 1 + ``lossy_min_gain``
+    (default: the study's ``lossy_min_gain`` attribute, else LOSSY_MIN_GAIN). Otherwise that lossless
+    trial is the pick; the Pareto front still shows both.
+    """
+    front = pareto_trials(study, schedules=False)
+    if not front:
+        return None
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    sign = 1 if maximize else -1
+    # On a tie, the record with more evidence (pooled over fresh engines) goes first.
+    best = max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs))
+    old = superseded(study)
+    lossless = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy and t.number not in old
+                and not is_schedule(t)]
+    if not Candidate(best.user_attrs[attrs.CANDIDATE]).lossy or not lossless:
+        return Choice(best)
+    rival = max(lossless, key=lambda t: sign * t.values[0])
+    gain = study.user_attrs.get(attrs.LOSSY_MIN_GAIN, LOSSY_MIN_GAIN) if lossy_min_gain is None else lossy_min_gain
+    objective = (study.user_attrs.get(attrs.OBJECTIVES) or ["output_tok_s"])[0]
+    lo, hi = lossy_gain(best, rival, objective, maximize)
+    if lo == lo and lo > 1 + gain:
+        return Choice(best, min_gain=gain)
+    return Choice(rival, passed_over=best, gain=(lo, hi), min_gain=gain)
+
+
+def pick_best(study: optuna.Study, *, lossy_min_gain: float | None = None) -> FrozenTrial | None:
+    """The chosen trial (see ``choose``)."""
+    c = choose(study, lossy_min_gain=lossy_min_gain)
+    return c.trial if c else None
+
+
+def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """Ratios to the baseline, each > 1 when the candidate is better; the throughput ratio with its
+    95% bootstrap interval over the measured windows (``output_tok_s_lo`` .. ``_hi``).
+
+    Where both were measured on fresh engines in rounds (the pick and the baseline), the throughput
+    ratio is that of the pairs measured side by side (autotune.measure.metrics.paired_interval), engine
+    instances the unit: pooling every baseline instance instead would let the machine's drift over
+    the study into the ratio (the baseline's first engine runs minutes before the pick's). The
+    pooled ratio stays as ``output_tok_s_pooled``."""
+    def ratio(a: float, b: float) -> float:
+        return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
+    lo, hi = ratio_interval(m.get("output_tok_s_windows", []), base.get("output_tok_s_windows", []))
+    point = ratio(m["output_tok_s"], base["output_tok_s"])
+    paired = {}
+    if len(instances_of(m)) > 1 and len(instances_of(base)) > 1:
+        r, p_lo, p_hi, pairs = paired_interval(instances_of(m), instances_of(base))
+        if pairs and math.isfinite(r):
+            paired = {"output_tok_s_pooled": point, "output_tok_s_pairs": pairs}
+            point, lo, hi = r, p_lo, p_hi
+    out = {"output_tok_s": point, **paired,
+           "output_tok_s_lo": lo, "output_tok_s_hi": hi,
+           "e2e_ms_p50": ratio(base["e2e_ms_p50"], m["e2e_ms_p50"]),
+           "tpot_ms_p50": ratio(base["tpot_ms_p50"], m["tpot_ms_p50"])}
+    for key in m:  # throughput at every load level the study measured (speculation can lose at high load)
+        if key != "output_tok_s" and parse_key(key)[:2] == ("output_tok_s", "") and key in base:
+            out[key] = ratio(m[key], base[key])
+    return out
+
+
+PREDICTED_COLUMNS = ("speedup", "lo", "hi", "step_cost", "tokens_per_step", "mean_accepted_length", "basis")
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per measured or failed trial: params, metrics, verdict, failure reason, speedup."""
+    base = reference_trial(study)
+    base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
+    front = {t.number for t in pareto_trials(study)}
+    old = superseded(study)
+    # Every objective gets a column, so that a report can draw the front from this table alone.
+    # Extra load levels (objective@level): the headline metrics at each level as well.
+    at_levels = [metric_key(k, lvl) for lvl in study.user_attrs.get(attrs.LEVELS, [])[1:] for k in LEVEL_COLUMNS]
+    metrics = dict.fromkeys((*METRIC_COLUMNS, *study.user_attrs.get(attrs.OBJECTIVES, []), *at_levels))
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        pruned = t.state == TrialState.PRUNED and attrs.PRUNED_WHY in t.user_attrs  # stopped early, with why
+        if attrs.DUPLICATE_OF in t.user_attrs or (t.state not in (TrialState.COMPLETE, TrialState.FAIL) and not pruned):
+            continue
+        ua = t.user_attrs
+        m, v = ua.get(attrs.MEASUREMENT, {}), ua.get(attrs.VERDICT, {})
+        row: dict[str, Any] = {"trial": t.number, "state": t.state.name, "role": ua.get(attrs.ROLE, "candidate"),
+                               "label": ua.get(attrs.LABEL), "pareto": t.number in front}
+        row.update({f"param_{k}": val for k, val in ua.get(attrs.CANDIDATE, {}).items()})
+        row.update({k: m.get(k) for k in metrics})
+        row["acceptance_by_pos"] = " ".join(f"{x:.3f}" for x in m.get("acceptance_by_pos", []))
+        if m and base_m:
+            row.update({f"speedup_{k}": val for k, val in speedup(m, base_m).items()})
+        pred = ua.get(attrs.PREDICTED) or {}  # what the forecast said before this trial ran
+        row.update({f"predicted_{k}": pred.get(k) for k in PREDICTED_COLUMNS})
+        row["planned"] = ua.get(attrs.PLANNED)
+        row["remeasure_of"] = ua.get(attrs.REMEASURE_OF)  # pools its windows with that trial's
+        row["superseded_by"] = old.get(t.number)
+        row["correct"] = v.get("passed")
+        row["status"] = v.get("status", "ok" if v.get("passed") else ("failed" if v else None))  # ok, failed, unverified
+        row["token_agreement"] = v.get("token_agreement")
+        row["verdict"] = v.get("reason")
+        row["goodput"] = m.get("goodput")
+        row["slo_missed"] = ", ".join(ua.get(attrs.SLO_MISSED, [])) or None
+        row["noisy"] = m.get("noisy")
+        row["failure"] = ua.get(attrs.FAILURE) or (f"pruned: {ua[attrs.PRUNED_WHY]}" if pruned else None)
+        row["wall_s"] = ua.get(attrs.WALL_S)
+        row["worker"] = ua.get(attrs.WORKER)  # host:pid/thread, for studies shared by several workers
+        rows.append(row)
+    return pd.DataFrame(rows)

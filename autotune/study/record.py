@@ -1,0 +1,210 @@
+"""One trial from ask to tell: duplicates and baselines given way to, the worker run, pruning, the
+evaluation, pooling with an earlier record of the same config, and what Optuna is told."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.core import attrs
+from autotune.core.attrs import BASELINE
+from autotune.core.candidate import Candidate
+from autotune.measure.config import Progress, StudyConfig
+from autotune.run.evaluate import CONSTRAINTS, Evaluation, Reference, evaluate, slo_constraints, trial_job
+from autotune.forecast.forecast import Forecast
+from autotune.measure.metrics import pool
+from autotune.study.optuna_private import heartbeat, set_trial_attr
+from autotune.core.space import SearchSpace
+from autotune.study.trials import SCHEDULE_KEY, baseline_trial, counts, trial_dir
+from autotune.study.strategy import forecast_for
+from autotune.run.worker import PRUNED, TrialOutcome, explain, run_trial
+from autotune.core.workload import Workload
+
+
+
+def mark_interrupted(study: optuna.Study, t: FrozenTrial | optuna.Trial, failure: str) -> None:
+    """Fail a RUNNING trial that was cut short (Ctrl-C, a dead worker), recording why. It is not
+    counted and not a duplicate: its candidate is measured again (``_retry_interrupted``)."""
+    set_trial_attr(study, t, attrs.FAILURE, failure)
+    set_trial_attr(study, t, attrs.INTERRUPTED, True)
+    study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def frozen(study: optuna.Study, number: int) -> FrozenTrial:
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def duplicate_of(study: optuna.Study, cand: Candidate, number: int, is_base: bool) -> int | None:
+    """A trial already measuring or measured ``cand`` (for the baseline: the baseline that goes first).
+
+    Workers record the candidate before this check, so of two workers that drew the same config
+    at once, the later to record it always sees the earlier one: it is never measured twice.
+    """
+    if is_base:
+        return _other_baseline(study, number)
+    key = cand.key()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING,
+                                                      TrialState.PRUNED)):
+        if t.number != number and (counts(t) or t.state == TrialState.RUNNING) and \
+                Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() == key:
+            return t.number
+    return None
+
+
+def _other_baseline(study: optuna.Study, number: int) -> int | None:
+    """The baseline trial this one gives way to, if any. A queued baseline carries its role from the
+    start, so among queued ones the lowest number goes first with no race; a baseline made on the
+    fly (nothing queued was popped) gives way to any other. A failed one may be tried again."""
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING,
+                                                                  TrialState.COMPLETE))
+              if t.user_attrs.get(attrs.ROLE) == BASELINE and attrs.DUPLICATE_OF not in t.user_attrs]
+    me = next((t for t in trials if t.number == number), None)
+    queued = me is not None and me.user_attrs.get(attrs.QUEUED)
+    for t in trials:
+        if t.number == number:
+            continue
+        if t.state == TrialState.COMPLETE or not queued or (t.user_attrs.get(attrs.QUEUED) and t.number < number):
+            return t.number
+    return None
+
+
+def _reference(study: optuna.Study) -> Reference:
+    ua = baseline_trial(study).user_attrs
+    return Reference(ua.get(attrs.OUTPUTS, []), ua.get(attrs.SAMPLES, {}), ua.get(attrs.SCORES, {}))
+
+
+def run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload: Workload,
+             space: SearchSpace, cfg: StudyConfig, progress: Progress, is_base: bool, *, env: dict[str, str],
+             stop: threading.Event | None) -> None:
+    n = trial.number
+    progress.trial_started(n, cand.label)
+    reference = None if is_base else _reference(study)
+    forecast = None if is_base or SCHEDULE_KEY in cand.params else \
+        forecast_for(study, space, cand.params, cfg.settings.max_model_len)
+    if forecast is not None:  # what the model expected, before the measurement can tell it
+        trial.set_user_attr(attrs.PREDICTED, forecast.to_dict())
+    job = trial_job(cand, workload, cfg, reference)
+    trial.set_user_attr(attrs.DEVICES, env)
+    prune, why = threading.Event(), []
+    judge = _pruner(study, cfg, cand, trial, forecast, is_base)
+
+    def on_event(e: dict[str, Any]) -> None:
+        progress.trial_event(n, e)
+        if judge is not None and e.get("phase") == "window_done" and e.get("window") == 1 and not prune.is_set():
+            reason = judge(float(e.get("output_tok_s", float("nan"))))
+            if reason:
+                why.append(reason)
+                prune.set()
+
+    try:
+        # Heartbeats (RDB storages) tell other workers this trial is alive; Optuna's own thread does it.
+        with heartbeat(study, trial):
+            outcome = run_trial(job, trial_dir(cfg.results_dir, n), timeout_s=cfg.trial_timeout_s, env=env,
+                                stop=stop, on_event=on_event, prune=prune)
+    except KeyboardInterrupt:
+        mark_interrupted(study, trial, "interrupted by the user")  # --resume measures it again
+        raise
+    trial.set_user_attr(attrs.WALL_S, round(outcome.wall_s, 2))
+    if outcome.failure == PRUNED and why:  # stopped after its first window: recorded with the reason
+        trial.set_user_attr(attrs.PRUNED_WHY, why[0])
+        study.tell(trial, state=TrialState.PRUNED)
+        progress.trial_finished(n, cand.label, f"pruned after its first window: {why[0]}")
+        return
+    summary = _record(study, trial, cand, outcome, job, cfg, reference)
+    if attrs.REMEASURE_OF in trial.user_attrs:
+        summary = f"fresh engine, pooled with trial {trial.user_attrs[attrs.REMEASURE_OF]}: {summary}"
+    if forecast is not None:
+        summary += "; " + _against(study, trial.number, forecast)
+    progress.trial_finished(n, cand.label, summary)
+
+
+def _pruner(study: optuna.Study, cfg: StudyConfig, cand: Candidate, trial: optuna.Trial, forecast: Forecast | None,
+            is_base: bool) -> Callable[[float], str | None] | None:
+    """For a candidate the study may stop early (``--prune``): a function of its first window's
+    throughput that says why it cannot reach the best measured config (autotune.forecast.policy.hopeless),
+    or None. Not for the baseline, re-measurements, a depth schedule's or a deployed config's trials,
+    studies with several load levels (a config slow at one may win at another), a first objective
+    other than throughput, or a config the user asked for (--try)."""
+    from autotune.study.trials import reference_trial
+    from autotune.forecast.policy import NOISE_MIN, hopeless
+    from autotune.study.strategy import study_model
+
+    if not cfg.prune or is_base or cfg.extra_loads or cfg.objectives[0] != "output_tok_s" \
+            or attrs.role(trial) is not None or SCHEDULE_KEY in cand.params or trial.user_attrs.get(attrs.ASKED):
+        return None  # a config the user asked for (--try) is measured whole
+    got = study_model(study, None, cfg.settings.max_model_len)
+    base = reference_trial(study)
+    if got is None or base is None or not attrs.measurement(base).get("output_tok_s"):
+        return None
+    model, observations, _ = got
+    feasible = [o for o in observations if o.feasible]
+    best = max(feasible, key=lambda o: o.speedup) if feasible else None
+    if best is None or best.speedup <= 1.0:
+        return None  # nothing beats the baseline yet: every candidate may
+    noise = max(NOISE_MIN, best.rel_sd(model.noise))
+    base_tok_s = float(attrs.measurement(base)["output_tok_s"])
+    hi = forecast.hi if forecast is not None and forecast.speedup is not None else None
+    return lambda tok_s: hopeless(tok_s / base_tok_s, best.speedup, noise, hi)
+
+
+def _against(study: optuna.Study, number: int, forecast: Forecast) -> str:
+    """Predicted beside measured, in one line."""
+    from autotune.study.trials import reference_trial
+
+    t, base = frozen(study, number), reference_trial(study)
+    said = (f"predicted {forecast.speedup:.2f}x [{forecast.lo:.2f}-{forecast.hi:.2f}]" if forecast.speedup is not None
+            else "no prediction")
+    if t.state != TrialState.COMPLETE or not attrs.measurement(base).get("output_tok_s"):
+        return said
+    return f"{said}, measured {attrs.measurement(t)['output_tok_s'] / attrs.measurement(base)['output_tok_s']:.2f}x"
+
+
+def pooled(ev: Evaluation, before: FrozenTrial, cfg: StudyConfig) -> Evaluation:
+    """A fresh engine's evaluation as the record of every instance so far: each metric from all
+    windows (autotune.measure.metrics.pool), the SLOs judged on those pooled metrics, and each correctness
+    constraint the worse of the two records' (both engines' outputs must pass)."""
+    m = pool(attrs.measurement(before), ev.measurement)
+    constraints = dict(ev.constraints)
+    earlier = dict(zip(CONSTRAINTS, attrs.verdict(before).get("constraints") or ()))
+    for key, value in earlier.items():
+        constraints[key] = max(constraints.get(key, value), value)
+    slos, missed = slo_constraints(m, cfg)
+    return replace(ev, measurement=m, values=[m[o] for o in cfg.objectives], constraints={**constraints, **slos},
+                   slo_missed=missed)
+
+
+def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: TrialOutcome,
+            job: dict[str, Any], cfg: StudyConfig, reference: Reference | None) -> str:
+    """Judge the outcome and tell Optuna: values, constraints, and everything a report reads."""
+    if outcome.raw is None:
+        cause = explain(outcome.log_path)
+        trial.set_user_attr(attrs.FAILURE, outcome.failure + cause)
+        study.tell(trial, state=TrialState.FAIL)
+        return f"failed: {outcome.failure}{cause}"
+    ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference)
+    of = trial.user_attrs.get(attrs.REMEASURE_OF)
+    if of is not None and not ev.failure:  # one record of both engine instances (autotune.measure.metrics.pool)
+        ev = pooled(ev, frozen(study, of), cfg)
+    trial.set_user_attr(attrs.MEASUREMENT, ev.measurement)
+    trial.set_user_attr(attrs.VERDICT, ev.verdict.to_dict())
+    for key, value in ev.constraints.items():
+        trial.set_constraint(key, value)
+    trial.set_user_attr(attrs.SLO_MISSED, ev.slo_missed)
+    trial.set_user_attr(attrs.VLLM_VERSION, outcome.raw.get("vllm_version"))
+    if reference is None:  # the baseline: the reference every candidate is judged against
+        trial.set_user_attr(attrs.OUTPUTS, ev.reference.outputs)
+        trial.set_user_attr(attrs.SAMPLES, ev.reference.samples)
+        trial.set_user_attr(attrs.SCORES, ev.reference.scores)
+    if ev.failure:
+        cause = explain(outcome.log_path)
+        trial.set_user_attr(attrs.FAILURE, ev.failure + cause)
+        study.tell(trial, state=TrialState.FAIL)
+        return ev.summary() + cause
+    study.tell(trial, ev.values)
+    return ev.summary()
+

@@ -1,0 +1,82 @@
+"""Fresh-engine re-measurements: after the budget, the pick and the baseline are measured again on
+fresh engines, in rounds, until the pick's paired speedup is resolved (autotune.measure.resolution)."""
+
+from __future__ import annotations
+
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.core import attrs
+from autotune.measure.config import StudyConfig
+from autotune.measure.metrics import instances_of
+from autotune.core.space import SearchSpace
+from autotune.study.opening import optuna_params, ranges_attr
+from autotune.study.trials import waiting, SCHEDULE_KEY, first_record_number
+from autotune.study.schedule import scheduled_trial
+from autotune.study.schedule import next_step as schedule_step
+
+
+
+MAX_REMEASURES = 4  # fresh-engine re-measurements beyond 2 x --pairs a study makes at most (the pick may change)
+
+
+def extra_work(study: optuna.Study, space: SearchSpace, cfg: StudyConfig) -> bool:
+    """Queue what comes on top of --trials: a depth schedule's measurements (two or more load
+    levels), then the fresh-engine re-measurements. True while any is queued."""
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if waiting and all(attrs.role(t) in attrs.OUTSIDE_BUDGET for t in waiting):
+        return True
+    step = schedule_step(study, space, cfg.settings.max_model_len) if cfg.schedule else None
+    if step is not None:
+        params = {**step["params"], SCHEDULE_KEY: step["ranges"]} if "ranges" in step else step["params"]
+        study.enqueue_trial(optuna_params(params),
+                            user_attrs={attrs.ROLE: step["role"], attrs.PLANNED: step["why"], **ranges_attr(params)})
+        return True
+    return cfg.remeasure and queue_remeasure(study, cfg.pairs)
+
+
+def queue_remeasure(study: optuna.Study, pairs: int = 1) -> bool:
+    """Queue a round of fresh engines for the pick and the baseline: the pick's own record and the
+    baseline's pool each new instance's windows (autotune.measure.metrics.pool), so the pick's interval
+    includes the spread between engine instances. Rounds go on, up to ``pairs``, while the pick's
+    speedup over the baseline, with instance pairs as the unit (autotune.measure.resolution), still
+    straddles the tie band. True if queued."""
+    from autotune.study.pareto import choose
+    from autotune.study.trials import reference_trial
+    from autotune.measure.resolution import resolve
+
+    trials = study.get_trials(deepcopy=False)
+    again = [t for t in trials if attrs.role(t) == attrs.REMEASURE and not attrs.is_interrupted(t)]
+    if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in again) \
+            or len(again) >= 2 * pairs + MAX_REMEASURES or waiting(study):  # configs asked for (--try) go first
+        return False
+    choice, base = choose(study), reference_trial(study)
+    if choice is None or base is None or first_record_number(study, choice.trial) == first_record_number(study, base):
+        return False  # the baseline (or its pooled record) is the pick: nothing to confirm against it
+    chosen = scheduled_trial(study) or choice.trial  # a recommended depth schedule is the pick
+    rounds = len(instances_of(attrs.measurement(chosen))) - 1
+    if any(t.user_attrs.get(attrs.REMEASURE_OF) == chosen.number for t in again):
+        return False  # its round failed: the record stands as it is
+    if rounds == 0:
+        sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
+        pooled = [t for t in again if t.state == TrialState.COMPLETE and attrs.REMEASURE_OF in t.user_attrs
+                  and first_record_number(study, t) != first_record_number(study, base)]
+        if pooled and all(sign * chosen.values[0] <= sign * t.values[0] for t in pooled):
+            return False  # a pooled pick stands unless another beats it outright (not a tie)
+    else:
+        res = resolve(attrs.measurement(chosen), attrs.measurement(base))
+        if rounds >= pairs or res is None or res.decided:
+            return False
+    # ABBA over rounds: with the first measurements (baseline first), round 1 runs the pick's fresh
+    # engine first, round 2 the baseline's, and so on, so a drift of the machine's speed over the
+    # study lands on both sides of the pooled ratio alike.
+    order = (chosen, base) if rounds % 2 == 0 else (base, chosen)
+    for t in order:
+        params = attrs.candidate(t)  # the baseline has no Optuna params
+        beyond = t.user_attrs.get(attrs.PAST_EDGE)  # past the space's edge: Optuna gets the in-space values
+        study.enqueue_trial({**optuna_params(params), **{k: t.params[k] for k in beyond or {} if k in t.params}},
+                            user_attrs={attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: t.number, **ranges_attr(params),
+                                        **({attrs.PAST_EDGE: beyond} if beyond else {})})
+    return True
+

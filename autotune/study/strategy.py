@@ -1,0 +1,269 @@
+"""How the study chooses what to measure next: ``predict`` (the default), ``grid``, ``tpe``, ``random``.
+
+``predict``: after the baseline (and one teacher-forced pass of the draft over its outputs), every
+point of the space has a forecast (autotune.forecast.forecast). The study measures the best-forecast
+candidate of each method first, recalibrates after every trial, then the candidate with the best
+optimistic forecast (the top of its interval) while that beats the best measured speedup by more
+than the measured noise, and then the knobs no replay sees (KV dtype, dtype, quantization, eager)
+one at a time around the best measured config; then it stops, whatever budget is left.
+``grid`` walks the space in declaration order; ``tpe`` and ``random`` are Optuna's samplers.
+Every measured candidate is an Optuna trial: the planned ones are queued with ``enqueue_trial``.
+
+The policies themselves are pure (autotune.forecast.policy); ``plan`` reads them off a live study.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.core import attrs
+from autotune.core.candidate import Candidate
+from autotune.forecast.forecast import AcceptanceTable, Forecast, Model, Observation
+from autotune.measure.objectives import WINDOWS, metric_key
+from autotune.forecast.policy import (ASK, Step, next_in_grid,
+                                      next_predicted, past_the_edge)
+
+
+# --- a live study ---------------------------------------------------------------------------
+
+_tables: dict[tuple[Any, ...], AcceptanceTable] = {}
+_traces: dict[tuple[Any, ...], threading.Lock] = {}  # one lock per baseline and trace: each runs once
+_lock = threading.Lock()  # guards the two dicts only; never held while anything is computed or run
+
+
+def _baseline_key(study: Any, base: Any) -> tuple[str, int, str]:
+    # The study's name alone is not enough (two studies of one name in one process, e.g. a test
+    # suite's, would share a stale table), so the baseline's start time is part of the key.
+    return study.study_name, base.number, str(base.datetime_start)
+
+
+def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str | None = None
+                ) -> tuple[Model, list[Observation], list[dict[str, Any]]] | None:
+    """The calibrated model of a study with a baseline, its observations and its failed candidates.
+
+    ``level``: another load level the trials were measured at (``concurrency=8``): the same replayed
+    acceptance, the step cost fitted on the throughput measured there (autotune.study.schedule)."""
+    from optuna.trial import TrialState
+
+    from autotune.measure.metrics import ratio_interval
+    from autotune.study.trials import feasible, is_schedule, reference_trial, superseded
+    from autotune.study.trials import baseline_trial
+
+    base, ref = baseline_trial(study), reference_trial(study)
+    if base is None:
+        return None
+    old = superseded(study)
+    trace = study.user_attrs.get(attrs.DRAFT_TRACE) or {}
+    eagle3 = study.user_attrs.get(attrs.EAGLE3_TRACE) or {}
+    # Replays are cached per baseline trial (and its traces, once there are).
+    key = (*_baseline_key(study, base), bool(trace.get("argmax")), trace.get("failure"), bool(eagle3.get("traces")))
+    with _lock:
+        table = _tables.get(key)
+    if table is None:  # built outside the lock: two threads may both build it, the first kept
+        table = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"), max_model_len or 1 << 30,
+                                trace_failure=trace.get("failure"), eagle3=eagle3.get("traces"))
+        with _lock:
+            table = _tables.setdefault(key, table)
+    def k(metric: str, suffix: str = "") -> str:  # the measurement key at this level
+        return metric_key(metric, level, suffix)
+
+    bm = attrs.measurement(ref)
+    observations, failed = [Observation(attrs.candidate(base), 1.0, 1.0, 1.0)], []
+    for t in study.get_trials(deepcopy=False):
+        if t.number in (base.number, ref.number) or attrs.is_duplicate(t) or attrs.is_interrupted(t) \
+                or attrs.role(t) == attrs.EXTRA_BASELINE or t.number in old:
+            continue
+        if t.state == TrialState.FAIL:
+            failed.append(attrs.candidate(t))
+        elif t.state == TrialState.COMPLETE:
+            m = attrs.measurement(t)
+            if m.get(k("output_tok_s")) is None or is_schedule(t):
+                continue  # not measured at this level; a schedule is no fixed depth
+            c = attrs.candidate(t)
+            s = m[k("output_tok_s")] / bm[k("output_tok_s")] if bm.get(k("output_tok_s")) else float("nan")
+            lo, hi = ratio_interval(m.get(k("output_tok_s", WINDOWS), []), bm.get(k("output_tok_s", WINDOWS), []))
+            if math.isfinite(s):
+                observations.append(Observation(c, s, lo, hi, feasible(t)))
+    share = bm.get(k("prefill_share"), float("nan"))  # vLLM's own prefill and decode times
+    if not math.isfinite(share):  # runs from before they were read: the client's view
+        share = bm.get(k("ttft_ms_mean"), 0.0) / bm[k("e2e_ms_mean")] if bm.get(k("e2e_ms_mean")) else 0.0
+    return Model(table, observations, attrs.candidate(base), share), observations, failed
+
+
+def plan(study: Any, space: Any, strategy: str, max_model_len: int | None, *, past_edge: bool = False) -> Step:
+    """The strategy's next step for a live study (after its baseline)."""
+    from optuna.trial import TrialState
+
+    if strategy not in ("predict", "grid"):
+        return ASK
+    busy = [attrs.candidate(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+    got = study_model(study, space, max_model_len)
+    if got is None:
+        return ASK
+    model, observations, failed = got
+    # A pruned candidate was tried (so not planned again), though no knob of it failed.
+    pruned = [attrs.candidate(t) for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+              if attrs.PRUNED_WHY in t.user_attrs]
+    if strategy == "grid":
+        tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy, *pruned]}
+        return next_in_grid(space.grid(), tried)
+    return next_predicted(space.grid(), model, observations, failed, [*busy, *pruned], past_edge=past_edge)
+
+
+def edge_report(study: Any, pick: Any) -> list[dict[str, Any]] | None:
+    """The pick on an edge of the study's space (its recorded one), with the forecast one step past
+    it beside the pick's own forecast: whether widening the space could pay. None: no space, no
+    baseline, or no pick."""
+    from autotune.core.space import reload_space
+
+    from autotune.study.trials import is_schedule
+
+    resolved = study.user_attrs.get(attrs.SPACE_RESOLVED)
+    if pick is None or not resolved or is_schedule(pick):
+        return None  # a depth schedule's pick has no single depth to look past
+    try:
+        space = reload_space(resolved)
+    except Exception:  # noqa: BLE001 - a space this build cannot rebuild: no edge report
+        return None
+    got = study_model(study, space, study.user_attrs.get(attrs.MAX_MODEL_LEN))
+    if got is None:
+        return None
+    model, _, _ = got
+    params = attrs.candidate(pick)
+    own = model.forecast(params)
+    return [{"knob": k, "top": top, "beyond": beyond, "forecast": f.speedup, "lo": f.lo, "hi": f.hi,
+             "pick_forecast": own.speedup} for k, top, beyond, f in past_the_edge(space.grid(), model, params)]
+
+
+def forecast_for(study: Any, space: Any, params: Mapping[str, Any], max_model_len: int | None) -> Forecast | None:
+    got = study_model(study, space, max_model_len)
+    return None if got is None else got[0].forecast(params)
+
+
+def _traced(space: Any, settings: Any) -> tuple[bool, bool]:
+    """(the draft model, the EAGLE-3 head): which the space searches and the study has."""
+    methods = next((p.choices for p in space.params if p.name == "method"), ())
+    return ("draft_model" in methods and bool(settings.draft_model),
+            "eagle3" in methods and bool(getattr(settings, "eagle3_head", None)))
+
+
+def needs_trace(space: Any, settings: Any) -> bool:
+    return any(_traced(space, settings))
+
+
+def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_dir: Path) -> str | None:
+    """One teacher-forced pass of the draft over the baseline's outputs (a worker job), kept in the
+    study (``draft_trace``) so every forecast of a draft depth reads it; a failure is kept too, and
+    returned (to the caller that ran the trace) for it to say. Workers that reach it meanwhile wait
+    for this baseline's trace only: planning, forecasts and other studies go on. Where the space
+    searches eagle3 with a head, the head's chains are traced first (``trace_eagle3``)."""
+    from autotune.forecast.predict import trace_job
+    from autotune.study.trials import baseline_trial
+    from autotune.run.worker import run_trial
+
+    base = baseline_trial(study)
+    draft, eagle3 = _traced(space, cfg.settings)
+    if base is not None and eagle3 and attrs.EAGLE3_TRACE not in study.user_attrs:
+        trace_eagle3(study, space, cfg, base)
+    if base is None or not draft or attrs.DRAFT_TRACE in study.user_attrs:
+        return None
+    with _lock:
+        mine = _traces.setdefault(_baseline_key(study, base), threading.Lock())
+    with mine:
+        if attrs.DRAFT_TRACE in study.user_attrs:
+            return None
+        kwargs = {**space.baseline_candidate().engine_kwargs(cfg.settings), "model": cfg.settings.draft_model,
+                  "enforce_eager": True}  # eager: the trace is one prefill per request, no compile wanted
+        kwargs.pop("kv_cache_dtype", None)
+        job = trace_job(kwargs, base.user_attrs.get(attrs.OUTPUTS, []), cfg.engine_module)
+        out = run_trial(job, results_dir / "draft-trace", timeout_s=cfg.trial_timeout_s, env=env)
+        study.set_user_attr(attrs.DRAFT_TRACE, {"argmax": out.raw["traces"], "wall_s": round(out.wall_s, 1),
+                                                    "rank_mismatches": out.raw.get("rank_mismatches")}
+                            if out.raw is not None else {"failure": out.failure, "wall_s": round(out.wall_s, 1)})
+    return out.failure
+
+
+def trace_eagle3(study: Any, space: Any, cfg: Any, base: Any) -> None:
+    """The EAGLE-3 head's chained greedy drafts along the baseline's outputs, as deep as the space
+    searches (transformers: the target's hidden states and the head, autotune.demo.eagle3.trace),
+    kept in the study (``eagle3_trace``) for every eagle3 forecast; a failure is kept instead, and
+    eagle3 is then measured without a forecast (a head the trace cannot read, a target transformers
+    cannot load)."""
+    import time
+
+    with _lock:
+        mine = _traces.setdefault((*_baseline_key(study, base), "eagle3"), threading.Lock())
+    with mine:
+        if attrs.EAGLE3_TRACE in study.user_attrs:
+            return
+        depth = max((int(v) for p in space.params if p.name == "num_speculative_tokens" for v in p.values()),
+                    default=1)
+        outputs = [o for o in base.user_attrs.get(attrs.OUTPUTS, []) if o.get("prompt_token_ids") and o.get("token_ids")]
+        t0 = time.monotonic()
+        try:
+            from autotune.demo.eagle3 import trace
+
+            traced = trace([(o["prompt_token_ids"], o["token_ids"]) for o in outputs], depth=depth,
+                           head_dir=Path(cfg.settings.eagle3_head), target_dir=Path(cfg.settings.model), threads=2)
+            got: dict[str, Any] = {"traces": {o["id"]: t for o, t in zip(outputs, traced)}, "depth": depth}
+        except Exception as e:  # noqa: BLE001 - any failure means: measured, not forecast
+            got = {"failure": f"{type(e).__name__}: {e}"}
+        study.set_user_attr(attrs.EAGLE3_TRACE, {**got, "wall_s": round(time.monotonic() - t0, 1)})
+
+
+def ranked(study: Any, space: Any, max_model_len: int | None) -> list[dict[str, Any]]:
+    """Every point of the space, forecast by the study's calibrated model, best first, each with what
+    it measured (if it was measured): `autotune predict`."""
+    got = study_model(study, space, max_model_len)
+    if got is None:
+        return []
+    model, observations, failed = got
+    measured = {Candidate(o.params).key(): o for o in observations}
+    bad = {Candidate(p).key() for p in failed}
+    rows = []
+    for c in space.grid():
+        f, o = model.forecast(c.params), measured.get(c.key())
+        rows.append({"label": c.label, "params": c.params, **f.to_dict(),
+                     "measured": None if o is None else o.speedup, "measured_lo": None if o is None else o.lo,
+                     "measured_hi": None if o is None else o.hi, "correct": None if o is None else o.feasible,
+                     "failed": c.key() in bad})
+    return sorted(rows, key=lambda r: -(r["speedup"] if r["speedup"] is not None else -1.0))
+
+
+def forecast_table(results: Path, *, study: str | None = None, storage: str | None = None,
+                   space: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """`autotune predict`: the ranked forecast of a saved study (and a title), without an engine."""
+    from autotune.run import hardware
+    from autotune.core.errors import BadInput
+    from autotune.core.space import load_space, reload_space
+    from autotune.study.storage import load_saved
+
+    name = study or results.name
+    if storage is None:
+        db = results / "study.db"
+        if not db.is_file():
+            raise BadInput(f"{db}: no such study storage (expected a results folder from `autotune search`, "
+                           "or pass --storage)")
+        storage = f"sqlite:///{db.resolve()}"
+    st = load_saved(name, storage)
+    resolved = st.user_attrs.get(attrs.SPACE_RESOLVED)
+    if space is not None:
+        platform = hardware.detect()
+        sp = load_space(space, platform=platform, models=set((resolved or {}).get("models", ["draft_model"])),
+                        tags=hardware.platform_tags(platform))
+    elif resolved:
+        sp = reload_space(resolved)
+    else:
+        raise BadInput(f"{results}: the study does not record its search space; pass --space")
+    rows = ranked(st, sp, st.user_attrs.get(attrs.MAX_MODEL_LEN))
+    if not rows:
+        raise BadInput(f"{results}: study {name!r} has no completed baseline yet: nothing to forecast from")
+    trace = st.user_attrs.get(attrs.DRAFT_TRACE) or {}
+    measured = sum(r["measured"] is not None for r in rows)
+    title = (f"{name}: {len(rows)} candidates of space '{sp.name}', forecast from the baseline's tokens"
+             + (", the draft's trace" if trace.get("argmax") else "") + f" and {measured} measured")
+    return rows, title

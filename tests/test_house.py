@@ -1,0 +1,114 @@
+"""The house's rules (CONTRIBUTING.md "Floors"): import-linter's contracts from pyproject.toml hold,
+no module imports itself back through others, and no module grows past 400 lines.
+
+Each rule is also shown to bite: a forbidden import planted in a copy of the package breaks the
+contracts, and a planted cycle is found.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+from conftest import ROOT
+
+MAX_LINES = 400
+LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+        "--config", str(ROOT / "pyproject.toml"), "--no-cache"]
+
+
+def _lint(pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if pythonpath is not None:  # the copy is imported before the installed (editable) package
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run(LINT, cwd=pythonpath or ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _cycles(package: str) -> list[list[str]]:
+    """The import cycles among the package's modules (strongly connected components of two or more)."""
+    graph = grimp.build_graph(package)
+    edges = {m: graph.find_modules_directly_imported_by(m) & graph.modules for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for m in sorted(edges):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_contracts_hold() -> None:
+    out = _lint()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout, out.stdout
+
+
+def test_a_forbidden_import_breaks_the_contracts(tmp_path: Path) -> None:
+    """Optuna imported by the core floor: two contracts break, and the report names the line."""
+    shutil.copytree(ROOT / "autotune", tmp_path / "autotune", ignore=shutil.ignore_patterns("__pycache__", "models"))
+    errors = tmp_path / "autotune" / "core" / "errors.py"
+    errors.write_text(errors.read_text() + "\nimport optuna  # planted by tests/test_house.py\n")
+    out = _lint(tmp_path)
+    assert out.returncode != 0, out.stdout
+    assert "Optuna only in the study floor BROKEN" in out.stdout, out.stdout
+    assert "autotune.core.errors -> optuna" in out.stdout, out.stdout
+
+
+def test_an_upward_import_breaks_the_floors(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "autotune", tmp_path / "autotune", ignore=shutil.ignore_patterns("__pycache__", "models"))
+    metrics = tmp_path / "autotune" / "measure" / "metrics.py"
+    metrics.write_text(metrics.read_text() + "\nfrom autotune.study import pareto  # planted\n")
+    out = _lint(tmp_path)
+    assert "floors: each imports only those below it BROKEN" in out.stdout, out.stdout
+    assert "autotune.measure.metrics -> autotune.study.pareto" in out.stdout, out.stdout
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles("autotune") == []
+
+
+def test_a_planted_cycle_is_found(tmp_path: Path, monkeypatch) -> None:
+    pkg = tmp_path / "house_cycle"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from house_cycle import b\n")  # a lazy import is an import too
+    (pkg / "b.py").write_text("from house_cycle import a\n")
+    (pkg / "c.py").write_text("from house_cycle import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _cycles("house_cycle") == [["house_cycle.a", "house_cycle.b"]]
+
+
+def test_no_module_over_400_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "autotune").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these by concept: {long}"
