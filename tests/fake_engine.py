@@ -20,7 +20,7 @@ so a test's run is reproducible and two fresh engines of one config differ, as r
   windows are re-measured up to ``max_repeats`` while ``autotune.measure.metrics.noisy`` says so;
 - sampled requests' draws are random, each token from a law over 6 tokens with p ~ exp(-k / T), T the
   request's temperature times a scale: 1.3 for a lossy (fp8 KV) config (lossy on purpose), the
-  planted fault's ``temperature_scale``, and ``AUTOTUNE_FAKE_SHIFT`` for speculative configs (a
+  planted fault's ``temperature_scale`` (tests/faulty_engine.py's ``AUTOTUNE_TEST_FAULT``), and ``AUTOTUNE_FAKE_SHIFT`` for speculative configs (a
   broken speculative sampler; unset: a correct one, which keeps its config's law).
 ``AUTOTUNE_FAKE_LOSSY_GAIN`` makes a lossy config's steps that many times faster (default 1: its gain
 over the same lossless config is noise alone).
@@ -37,6 +37,8 @@ import signal
 import time
 import zlib
 from typing import Any
+
+FAULT_ENV = "AUTOTUNE_TEST_FAULT"  # a planted fault, as tests/faulty_engine.py reads it
 
 from autotune.run.replay import converse
 from autotune.core.load import ramp_limits
@@ -81,7 +83,7 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
         batch = ramp_limits(n, lvl["concurrency"]) if lvl["kind"] == "ramp" else [lvl.get("concurrency", 1)] * n
         cost = (lambda i, b=batch: (1 + depth(b[i]), 0.01 * (1 + 0.15 * b[i] * depth(b[i]))))
         levels[lvl["label"]] = _windows(job, lambda cost=cost: _window(job, cost, drift, phase, scale()))
-    shift = (1.3 if drift else 1.0) * (job.get("inject_fault") or {}).get("temperature_scale", 1.0) * \
+    shift = (1.3 if drift else 1.0) * json.loads(os.environ.get(FAULT_ENV) or "{}").get("temperature_scale", 1.0) * \
         (float(os.environ.get("AUTOTUNE_FAKE_SHIFT", "1")) if spec else 1.0)
     samples = {r["id"]: [_draw(rng, r["sampling"]["temperature"] * shift, job["replay"].get("sample_tokens", 24))
                          for _ in range(job["replay"].get("samples", 0))]

@@ -1,11 +1,14 @@
 """Correctness checks on the real vLLM CPU engine: speculation passes, planted faults are caught.
 
 One baseline and the candidates below run once per session (each in its own worker); each test judges
-one of them. Faults are planted in the engine adapter (``inject_fault``), never by a study.
+one of them. Faults are planted by a test-only engine (tests/faulty_engine.py: the real engine with
+rewritten sampling parameters), injected as the study's engine; autotune/ itself knows of no faults.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +24,7 @@ from autotune.measure.config import StudyConfig
 from autotune.run.evaluate import run_and_evaluate
 from autotune.measure.validate import Tolerances, Unspeculated, verdict
 from autotune.core.workload import load_workload
+from faulty_engine import ENV as FAULT_ENV
 
 pytestmark = pytest.mark.engine
 EAGER = {"enforce_eager": True}
@@ -77,10 +81,16 @@ def judged(tmp_path_factory):
         cand = Candidate(params)
         core = cores.get()
         env = {"VLLM_CPU_OMP_THREADS_BIND": core}
-        if name in MENDED_RUNS:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(MENDED), os.environ.get("PYTHONPATH")]))
+        paths = [str(MENDED)] if name in MENDED_RUNS else []
+        run_cfg = cfg
+        if fault:  # the real engine with the fault planted (tests/faulty_engine.py), named as the engine
+            env[FAULT_ENV] = json.dumps(fault)
+            paths.append(str(Path(__file__).parent))
+            run_cfg = dataclasses.replace(cfg, engine_module="faulty_engine")
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
         try:
-            res, ev = run_and_evaluate(cand, wl, cfg, root / name, reference=reference, fault=fault, env=env)
+            res, ev = run_and_evaluate(cand, wl, run_cfg, root / name, reference=reference, env=env)
         finally:
             cores.put(core)
         assert ev is not None, f"{name}: {res.failure}"

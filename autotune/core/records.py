@@ -49,7 +49,6 @@ class Job(TypedDict):
     replay: Replay
     engine_module: str  # autotune.run.engine, or a FAKE engine in orchestration tests
     reference: NotRequired[dict[str, list[int]]]  # request id -> the baseline's greedy tokens, to score
-    inject_fault: NotRequired[dict[str, Any]]  # planted faults, for testing the checks (never set by a study)
     # A lossy config with speculation: the same config without it, run in a process of its own as
     # the reference of its speculation (autotune.run.evaluate.unspeculated_job, autotune.run.worker.run_trial).
     unspeculated: NotRequired[Job]

@@ -178,13 +178,13 @@ def _write_by_category(study: Any, base: Any, results_dir: Path) -> None:
     import pandas as pd
 
     from autotune.measure.categories import COLUMNS, rows
-    from autotune.study.trials import completed
+    from autotune.study.trials import completed, counts
 
     base_cats = base.user_attrs[attrs.MEASUREMENT].get("by_category") if base else None
     out = []
     for t in completed(study):
         cats = (t.user_attrs.get(attrs.MEASUREMENT) or {}).get("by_category")
-        if cats and attrs.DUPLICATE_OF not in t.user_attrs:
+        if cats and counts(t):
             out += rows(t.number, t.user_attrs.get(attrs.LABEL), t.user_attrs.get(attrs.ROLE, "candidate"), cats,
                         category_speedup(cats, base_cats) if base_cats else None)
     if out:

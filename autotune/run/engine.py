@@ -141,7 +141,7 @@ async def _start(job: Job) -> Any:
 
 
 async def _run(job: Job, phase: Phase) -> RawRun:
-    reqs, replay, fault = job["requests"], job["replay"], job.get("inject_fault")
+    reqs, replay = job["requests"], job["replay"]
     load = replay["load"]
     phase("engine", {})
     t0 = time.perf_counter()
@@ -154,12 +154,12 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         t1 = time.perf_counter()
         # Unmeasured: first use JIT-compiles kernels (the ngram proposer among them).
         await replay_requests(engine, reqs[:n_warm], prompts[:n_warm],
-                      {"kind": "concurrency", "concurrency": load.get("concurrency", 1)}, lambda n: None, fault)
+                      {"kind": "concurrency", "concurrency": load.get("concurrency", 1)}, lambda n: None)
         warm_s = time.perf_counter() - t1
-        windows = await measure_windows(engine, reqs, prompts, load, replay, fault, phase, main=True)
-        levels = {lvl["label"]: await measure_windows(engine, reqs, prompts, lvl, replay, fault, phase)
+        windows = await measure_windows(engine, reqs, prompts, load, replay, phase, main=True)
+        levels = {lvl["label"]: await measure_windows(engine, reqs, prompts, lvl, replay, phase)
                   for lvl in replay.get("extra_loads", [])}
-        samples = await sampled_draws(engine, reqs, prompts, replay, fault, phase,
+        samples = await sampled_draws(engine, reqs, prompts, replay, phase,
                                  {x["id"]: x.get("prompt_tokens") for x in windows[0]["requests"]})
         scores = await score_greedy(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
         ran = engine.speculation()

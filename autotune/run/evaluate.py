@@ -162,15 +162,9 @@ def _unspeculated(raw: RawRun) -> Unspeculated | None:
 
 def run_and_evaluate(cand: Candidate, workload: Workload, cfg: StudyConfig, workdir: Path, *,
                      reference: Reference | None = None, env: dict[str, str] | None = None,
-                     on_event: OnEvent | None = None, fault: dict[str, Any] | None = None
-                     ) -> tuple[TrialOutcome, Evaluation | None]:
-    """A candidate end to end, as a study trial runs it, outside any study (benchmarks, tests).
-
-    ``fault``: a planted fault (autotune.run.replay.inject_fault), for testing the checks.
-    """
+                     on_event: OnEvent | None = None) -> tuple[TrialOutcome, Evaluation | None]:
+    """A candidate end to end, as a study trial runs it, outside any study (benchmarks, tests)."""
     job = trial_job(cand, workload, cfg, reference)
-    if fault:
-        job["inject_fault"] = fault
     outcome = run_trial(job, workdir, timeout_s=cfg.trial_timeout_s, env=env or {}, on_event=on_event)
     if outcome.raw is None:
         return outcome, None

@@ -73,37 +73,19 @@ async def converse(req: dict[str, Any], send: Send) -> list[dict[str, Any]]:
     return records
 
 
-async def _request(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, Any] | None) -> list[dict[str, Any]]:
+async def _request(engine: Any, req: dict[str, Any], prompt: str) -> list[dict[str, Any]]:
     """The records of one workload request: one, or one per turn of a conversation."""
     if not req.get("turns") or len(req["turns"]) == 1:
-        return [await _one(engine, req, prompt, fault)]
-    return await converse(req, lambda sub, messages: _one(engine, sub, _render(engine, messages), fault))
+        return [await _one(engine, req, prompt)]
+    return await converse(req, lambda sub, messages: _one(engine, sub, _render(engine, messages)))
 
 
-def inject_fault(sampling: dict[str, Any], fault: dict[str, Any] | None) -> dict[str, Any]:
-    """Planted faults, for testing the correctness checks on the real engine (never set by a study).
-
-    ``temperature_scale`` samples hotter or colder than asked, ``top_p`` ignores the asked top-p of
-    sampled requests, ``max_tokens_cap`` truncates outputs.
-    """
-    if not fault:
-        return sampling
-    out = dict(sampling)
-    if out.get("temperature", 0) > 0:
-        out["temperature"] = out["temperature"] * fault.get("temperature_scale", 1.0)
-        if "top_p" in fault:
-            out["top_p"] = fault["top_p"]
-    if "max_tokens_cap" in fault:
-        out["max_tokens"] = min(out["max_tokens"], fault["max_tokens_cap"])
-    return out
-
-
-async def _one(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, Any] | None = None) -> dict[str, Any]:
+async def _one(engine: Any, req: dict[str, Any], prompt: str) -> dict[str, Any]:
     """Run one request, streaming deltas; keep raw timestamps (derived numbers come later)."""
     rec: dict[str, Any] = {"id": req["id"], "start": time.perf_counter(), "chunks": [], "token_ids": [],
                            "text": "", "finish_reason": None, "error": None, "prompt_tokens": None}
     try:
-        async for d in engine.stream(prompt, inject_fault(req["sampling"], fault), f"{req['id']}-{uuid.uuid4().hex[:8]}"):
+        async for d in engine.stream(prompt, req["sampling"], f"{req['id']}-{uuid.uuid4().hex[:8]}"):
             now = time.perf_counter()
             if d.token_ids:
                 rec["chunks"].append([now, len(d.token_ids)])
@@ -123,7 +105,7 @@ async def _one(engine: Any, req: dict[str, Any], prompt: str, fault: dict[str, A
 
 
 async def replay_requests(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],
-                  on_done: Callable[[int], None], fault: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                  on_done: Callable[[int], None]) -> list[dict[str, Any]]:
     """Send the requests as the load pattern says (autotune.core.load) and collect their records.
 
     Closed loop: at most ``concurrency`` in flight, the next sent when one finishes. Open loop
@@ -132,7 +114,7 @@ async def replay_requests(engine: Any, reqs: list[dict[str, Any]], prompts: list
     from autotune.core.load import ramp_limits, send_offsets
 
     if load.get("kind") == "ramp":
-        return await _ramp(engine, reqs, prompts, ramp_limits(len(reqs), load["concurrency"]), on_done, fault)
+        return await _ramp(engine, reqs, prompts, ramp_limits(len(reqs), load["concurrency"]), on_done)
     offsets = send_offsets(load, len(reqs), [r.get("arrival_s") for r in reqs])
     sem = asyncio.Semaphore(load.get("concurrency", 1) if offsets is None else max(1, len(reqs)))
     t0 = time.perf_counter()
@@ -143,7 +125,7 @@ async def replay_requests(engine: Any, reqs: list[dict[str, Any]], prompts: list
         if offsets is not None:
             await asyncio.sleep(max(0.0, t0 + offsets[i] - time.perf_counter()))
         async with sem:  # a conversation holds its slot through all its turns
-            recs = await _request(engine, reqs[i], prompts[i], fault)
+            recs = await _request(engine, reqs[i], prompts[i])
         done += 1
         on_done(done)
         return recs
@@ -152,7 +134,7 @@ async def replay_requests(engine: Any, reqs: list[dict[str, Any]], prompts: list
 
 
 async def _ramp(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], limits: list[int],
-                on_done: Callable[[int], None], fault: dict[str, Any] | None) -> list[dict[str, Any]]:
+                on_done: Callable[[int], None]) -> list[dict[str, Any]]:
     """A closed loop whose in-flight limit changes per request (``limits``, autotune.core.load.ramp_limits):
     request i is sent, in order, once fewer than ``limits[i]`` requests are in flight."""
     room = asyncio.Condition()
@@ -161,7 +143,7 @@ async def _ramp(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], lim
     async def run(i: int) -> list[dict[str, Any]]:
         nonlocal in_flight, done
         try:
-            return await _request(engine, reqs[i], prompts[i], fault)
+            return await _request(engine, reqs[i], prompts[i])
         finally:
             async with room:
                 in_flight -= 1
@@ -179,8 +161,7 @@ async def _ramp(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], lim
 
 
 async def sampled_draws(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], replay: dict[str, Any],
-                   fault: dict[str, Any] | None, phase: Phase,
-                   prompt_tokens: dict[str, int | None]) -> dict[str, list[list[int]]]:
+                        phase: Phase, prompt_tokens: dict[str, int | None]) -> dict[str, list[list[int]]]:
     """After the measured window: draw ``samples`` short samples of every sampled request.
 
     Their ``sample_tokens`` tokens feed the distribution test against the baseline (autotune.measure.stats:
@@ -208,7 +189,7 @@ async def sampled_draws(engine: Any, reqs: list[dict[str, Any]], prompts: list[s
                                                          "seed": base_seed * 100_003 + i if seeded else None}}
                 for i in range(n)]
         recs = await replay_requests(engine, jobs, [p] * n, {"kind": "concurrency", "concurrency": in_flight},
-                             lambda d: None, fault)
+                             lambda d: None)
         out[r["id"]] = [rec["token_ids"] for rec in recs]
     return out
 
@@ -249,13 +230,13 @@ async def score_greedy(engine: Any, reqs: list[dict[str, Any]], records: list[di
 
 
 async def _window(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],
-                  fault: dict[str, Any] | None, on_done: Callable[[int], None]) -> dict[str, Any]:
+                  on_done: Callable[[int], None]) -> dict[str, Any]:
     """One measured window: a cold prefix cache, the whole workload, counters diffed around it."""
     await engine.reset_prefix_cache()  # every window (and every candidate) starts equally cold
     await engine.reset_drafter()  # and with no suffix cache of the windows before (autotune.run.vllm_ext)
     before = await engine.counters()
     t0 = time.perf_counter()
-    records = await replay_requests(engine, reqs, prompts, load, on_done, fault)
+    records = await replay_requests(engine, reqs, prompts, load, on_done)
     t1 = time.perf_counter()
     counters = diff_counters(before, await engine.counters())
     for r in records:  # times relative to the window start, easier to read and to check
@@ -267,8 +248,7 @@ async def _window(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], l
 
 
 async def measure_windows(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],
-                   replay: dict[str, Any], fault: dict[str, Any] | None, phase: Phase,
-                   *, main: bool = False) -> list[dict[str, Any]]:
+                          replay: dict[str, Any], phase: Phase, *, main: bool = False) -> list[dict[str, Any]]:
     """``repeats`` windows at one load level, and more (up to ``max_repeats``) while their
     throughput spread is too wide to rank the candidate: re-measured while the engine is up.
     ``main``: the study's own level, whose finished windows are told as they come (``window_done``,
@@ -281,7 +261,7 @@ async def measure_windows(engine: Any, reqs: list[dict[str, Any]], prompts: list
     while len(windows) < repeats or (len(windows) < most and noisy([measure(w)["output_tok_s"] for w in windows])):
         w, total = len(windows) + 1, max(repeats, len(windows) + 1)
         phase("measure", {"total": len(reqs), "window": w, "windows": total, "load": load.get("label")})
-        windows.append(await _window(engine, reqs, prompts, load, fault, lambda n, w=w, total=total: phase(
+        windows.append(await _window(engine, reqs, prompts, load, lambda n, w=w, total=total: phase(
             "progress", {"done": n, "total": len(reqs), "window": w, "windows": total})))
         if main:
             phase("window_done", {"window": w, "output_tok_s": measure(windows[-1])["output_tok_s"]})

@@ -300,13 +300,11 @@ def verdict(study: Any) -> dict[str, Any] | None:
     (``source`` says which); with neither, why the study planned none."""
     from optuna.trial import TrialState
 
-    from autotune.study.trials import feasible, is_schedule, superseded
+    from autotune.study.trials import counts, feasible, is_schedule, superseded
 
     plan = study.user_attrs.get(attrs.SCHEDULE_PLAN) or {}
     old = superseded(study)
-    measured = [t for t in study.get_trials(deepcopy=False) if is_schedule(t) and t.number not in old
-                and not attrs.is_interrupted(t) and not attrs.is_duplicate(t) and t.state != TrialState.WAITING
-                and t.state != TrialState.RUNNING]
+    measured = [t for t in study.get_trials(deepcopy=False) if is_schedule(t) and t.number not in old and counts(t)]
     if not measured:
         if "ranges" in plan:
             return {**plan, "status": "not measured", "why": "the schedule was planned but not measured"}

@@ -50,8 +50,7 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
     from optuna.trial import TrialState
 
     from autotune.measure.metrics import ratio_interval
-    from autotune.study.trials import feasible, is_schedule, reference_trial, superseded
-    from autotune.study.trials import baseline_trial
+    from autotune.study.trials import baseline_trial, counts, feasible, is_schedule, reference_trial, superseded
 
     base, ref = baseline_trial(study), reference_trial(study)
     if base is None:
@@ -74,8 +73,8 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
     bm = attrs.measurement(ref)
     observations, failed = [Observation(attrs.candidate(base), 1.0, 1.0, 1.0)], []
     for t in study.get_trials(deepcopy=False):
-        if t.number in (base.number, ref.number) or attrs.is_duplicate(t) or attrs.is_interrupted(t) \
-                or attrs.role(t) == attrs.EXTRA_BASELINE or t.number in old:
+        if t.number in (base.number, ref.number) or not counts(t) or attrs.role(t) == attrs.EXTRA_BASELINE \
+                or t.number in old:
             continue
         if t.state == TrialState.FAIL:
             failed.append(attrs.candidate(t))

@@ -104,8 +104,7 @@ def deployed_trial(study: optuna.Study) -> FrozenTrial | None:
     if marked is None:
         return None
     key = Candidate(marked.user_attrs.get(attrs.CANDIDATE, {})).key()
-    measured = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL) and attrs.DUPLICATE_OF not in t.user_attrs
-                and not t.user_attrs.get(attrs.INTERRUPTED) and Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() == key]
+    measured = [t for t in trials if counts(t) and Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() == key]
     return next((t for t in measured if t.state == TrialState.COMPLETE), measured[0] if measured else None)
 
 
@@ -118,7 +117,7 @@ def left_out(study: Any) -> list[str]:
     """The labels of configs queued (--try, a warm start) but never measured: the budget was used first."""
     trials = study.get_trials(deepcopy=False)
     measured = {Candidate(attrs.candidate(t)).key() for t in trials
-                if t.state in (TrialState.COMPLETE, TrialState.FAIL) and not attrs.is_duplicate(t)}
+                if counts(t)}
     return list(dict.fromkeys(attrs.label(t) for t in trials
                               if attrs.LEFT_OUT in t.user_attrs and Candidate(attrs.candidate(t)).key() not in measured))
 
