@@ -72,10 +72,11 @@ def _tail(path: Path, n: int = 12) -> str:
 
 def _end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """End the worker's whole process group, its engine core included (autotune.serve.servers.end_pgid):
-    a caller that looks right after finds nothing of the group left."""
+    a caller that looks right after finds nothing of the group left. A worker that has exited has
+    written its result: what is left of its group (an engine core) gets SIGKILL at once, not a grace."""
     from autotune.serve.servers import end_pgid
 
-    end_pgid(proc.pid, proc=proc, grace_s=grace_s)
+    end_pgid(proc.pid, proc=proc, grace_s=0.0 if proc.poll() is not None else grace_s)
 
 
 PRUNED = "pruned"  # TrialOutcome.failure of a trial its caller stopped early (``prune``)

@@ -1,0 +1,113 @@
+"""Benchmark: where a served trial's engine start goes (issue 28, "pay the import once").
+
+A served trial's ``engine_init_s`` is the time from starting the candidate's ``vllm serve`` to its
+first healthy ``/health``. Meanwhile the trial's own worker imports vLLM too, to resolve the same
+arguments with vLLM's parser and config (token budget, resolved speculation) and to load the
+tokenizer. On a 2-core machine the two compete. This measures, on the demo target's baseline config
+(eager), in alternating rounds:
+
+- ``import_vllm_s``: a fresh ``python -c "import vllm"``;
+- ``worker_side_s``: a fresh process doing what the worker does besides serving (import vLLM,
+  ``create_engine_config`` of the serve arguments, load the tokenizer);
+- ``serve_alone_s``: ``vllm serve`` (through autotune's CPU stand-in) to healthy, nothing else running;
+- ``serve_with_worker_s``: the same while the worker side runs beside it, as a trial does today.
+
+``serve_with_worker_s - serve_alone_s`` is what the worker's own vLLM import costs the start on this
+machine; ``worker_side_s`` what a worker process that had imported vLLM once would no longer pay.
+
+    .venv/bin/python benchmarks/engine_start.py [--rounds 3] [--out benchmarks/data/engine_start.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune import demo  # noqa: E402
+from autotune.core.candidate import Candidate, Settings  # noqa: E402
+from autotune.run import hardware  # noqa: E402
+from autotune.serve.export import serve_argv  # noqa: E402
+from autotune.serve.servers import HOST, end_pgid, free_port, healthy  # noqa: E402
+
+WORKER_SIDE = """
+import json, sys
+from vllm.usage.usage_lib import UsageContext
+from autotune.vllm_cli import engine_args_from_serve
+from autotune.core.context import load_tokenizer
+argv = json.loads(sys.argv[1])
+engine_args_from_serve(argv).create_engine_config(UsageContext.OPENAI_API_SERVER)
+load_tokenizer(argv[0])
+"""
+
+
+def _timed(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def _serve(argv: list[str], log: Path, *, beside: list[str] | None = None) -> float:
+    """Seconds from starting ``vllm serve`` to a healthy /health (with ``beside`` run meanwhile)."""
+    port = free_port()
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "autotune.vllm_cli", "serve", *argv, "--host", HOST,
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    side = subprocess.Popen(beside, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if beside else None
+    try:
+        while not healthy(f"http://{HOST}:{port}/health"):
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited: see {log}")
+            if time.perf_counter() - t0 > 600:
+                raise RuntimeError(f"vllm serve not ready after 600 s: see {log}")
+            time.sleep(0.1)
+        return time.perf_counter() - t0
+    finally:
+        if side is not None:
+            side.wait()
+        end_pgid(proc.pid)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/data/engine_start.json"))
+    a = ap.parse_args()
+    settings = Settings(model=str(demo.TARGET), dtype=demo.DTYPE, max_model_len=demo.MAX_MODEL_LEN,
+                        gpu_memory_utilization=0.3)
+    argv = serve_argv(Candidate({"method": "none", "enforce_eager": True}).engine_kwargs(settings))
+    worker = [sys.executable, "-c", WORKER_SIDE, json.dumps(argv)]
+    got: dict[str, list[float]] = {k: [] for k in ("import_vllm_s", "worker_side_s", "serve_alone_s",
+                                                   "serve_with_worker_s")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.rounds):
+            order = ["alone", "with"] if r % 2 == 0 else ["with", "alone"]  # ABBA across rounds
+            got["import_vllm_s"].append(_timed([sys.executable, "-c", "import vllm"]))
+            got["worker_side_s"].append(_timed(worker))
+            for kind in order:
+                log = Path(tmp) / f"serve-{r}-{kind}.log"
+                key = "serve_alone_s" if kind == "alone" else "serve_with_worker_s"
+                got[key].append(_serve(argv, log, beside=worker if kind == "with" else None))
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in got.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in got.items()}
+    out = {"machine": {**hardware.describe(), "cores": os.cpu_count(), "avx512": bool(hardware.cpu_features())},
+           "rounds": a.rounds, "seconds": got, "median_s": med,
+           "worker_import_cost_s": med["serve_with_worker_s"] - med["serve_alone_s"],
+           "ratio_serve_with_worker_to_alone": med["serve_with_worker_s"] / med["serve_alone_s"]}
+    a.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: out[k] for k in ("median_s", "worker_import_cost_s", "ratio_serve_with_worker_to_alone")},
+                     indent=2))
+    print(f"saved {a.out}")
+
+
+if __name__ == "__main__":
+    main()
