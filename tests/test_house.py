@@ -29,6 +29,14 @@ def _lint(pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(LINT, cwd=pythonpath or ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+def _lint_with(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
+    """The contracts over a copy of the package with ``line`` planted at the end of ``module``."""
+    shutil.copytree(ROOT / "autotune", tmp_path / "autotune", ignore=shutil.ignore_patterns("__pycache__", "models"))
+    planted = tmp_path / "autotune" / module
+    planted.write_text(planted.read_text() + f"\n{line}  # planted by tests/test_house.py\n")
+    return _lint(tmp_path)
+
+
 def _cycles(package: str) -> list[list[str]]:
     """The import cycles among the package's modules (strongly connected components of two or more)."""
     graph = grimp.build_graph(package)
@@ -75,20 +83,14 @@ def test_contracts_hold() -> None:
 
 def test_a_forbidden_import_breaks_the_contracts(tmp_path: Path) -> None:
     """Optuna imported by the core floor: two contracts break, and the report names the line."""
-    shutil.copytree(ROOT / "autotune", tmp_path / "autotune", ignore=shutil.ignore_patterns("__pycache__", "models"))
-    errors = tmp_path / "autotune" / "core" / "errors.py"
-    errors.write_text(errors.read_text() + "\nimport optuna  # planted by tests/test_house.py\n")
-    out = _lint(tmp_path)
+    out = _lint_with(tmp_path, "core/errors.py", "import optuna")
     assert out.returncode != 0, out.stdout
     assert "Optuna only in the study floor BROKEN" in out.stdout, out.stdout
     assert "autotune.core.errors -> optuna" in out.stdout, out.stdout
 
 
 def test_an_upward_import_breaks_the_floors(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "autotune", tmp_path / "autotune", ignore=shutil.ignore_patterns("__pycache__", "models"))
-    metrics = tmp_path / "autotune" / "measure" / "metrics.py"
-    metrics.write_text(metrics.read_text() + "\nfrom autotune.study import pareto  # planted\n")
-    out = _lint(tmp_path)
+    out = _lint_with(tmp_path, "measure/metrics.py", "from autotune.study import pareto")
     assert "floors: each imports only those below it BROKEN" in out.stdout, out.stdout
     assert "autotune.measure.metrics -> autotune.study.pareto" in out.stdout, out.stdout
 
