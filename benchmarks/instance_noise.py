@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune import demo, hardware  # noqa: E402
+from autotune import demo  # noqa: E402
+from autotune.run import hardware  # noqa: E402
 from autotune.core.candidate import Candidate, Settings  # noqa: E402
 from autotune.measure.config import StudyConfig  # noqa: E402
 from autotune.run.evaluate import trial_job  # noqa: E402

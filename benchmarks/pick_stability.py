@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune import hardware  # noqa: E402
+from autotune.run import hardware  # noqa: E402
 
 AGREE = 0.05  # claimed/served within 1 +- this: the target
 

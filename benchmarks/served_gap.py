@@ -34,7 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune import demo, hardware  # noqa: E402
+from autotune import demo  # noqa: E402
+from autotune.run import hardware  # noqa: E402
 from autotune.serve.bench_client import client_plan, read_bench  # noqa: E402
 from autotune.core.candidate import Candidate, Settings  # noqa: E402
 from autotune.measure.config import StudyConfig  # noqa: E402

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast
 
 from autotune.demo import TARGET
-from autotune.demo.corpus import EOS, TRAINING_MIX, TRAINING_SEED, examples
+from autotune.demo.corpus import EOS, TRAINING_MIX, examples
 from autotune.demo.eagle3 import HEAD, AUX_LAYERS, Eagle3Head, head_config, load_head, load_target, target_pass, trace
 from autotune.forecast.predict import Eagle3Trace, eagle3_acceptance
 

@@ -114,3 +114,42 @@ def test_no_module_over_400_lines() -> None:
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / "autotune").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"split these by concept: {long}"
+
+
+def _defined(module: str) -> set[str] | None:
+    """Top-level names a module of autotune defines or imports (None: no such module)."""
+    import ast
+
+    path = ROOT / Path(*module.split("."))
+    file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    if not file.is_file():
+        return None
+    names = {p.stem for p in path.iterdir()} if path.is_dir() else set()  # submodules
+    for node in ast.parse(file.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names |= {t.id for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_scripts_and_benchmarks_import_what_the_house_holds() -> None:
+    """Files outside the package (benchmarks/, scripts/) name autotune's modules by path: a move
+    of a module must move them too (three benchmarks still imported autotune.hardware after it
+    became autotune.run.hardware)."""
+    import ast
+
+    stale = []
+    for file in sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/*.py")]):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "autotune":
+                names = _defined(node.module)
+                missing = [a.name for a in node.names] if names is None else \
+                    [a.name for a in node.names if a.name not in names]
+                stale += [f"{file.relative_to(ROOT)}: {node.module}.{n}" for n in missing]
+            elif isinstance(node, ast.Import):
+                stale += [f"{file.relative_to(ROOT)}: {a.name}" for a in node.names
+                          if a.name.split(".")[0] == "autotune" and _defined(a.name) is None]
+    assert not stale, stale
