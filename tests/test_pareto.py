@@ -72,3 +72,24 @@ def test_a_pick_measured_again_on_a_fresh_engine_is_on_the_front_as_its_pooled_r
     front = [t.number for t in pareto_trials(s)]
     assert 1 not in front and 3 in front
     assert choose(s).trial.number in front
+
+
+def _pooled(label, params, windows, e2e, of, spread):
+    t = trial(label, params, windows, e2e)
+    t.user_attrs.update({"remeasure_of": of, "role": "re-measure"})
+    t.user_attrs["measurement"]["instance_spread"] = spread
+    return t
+
+
+@pytest.mark.parametrize("lead, spread, picked", [(1.05, 0.08, "draft k=2"), (1.12, 0.08, "ngram"),
+                                                  (1.05, 0.0, "ngram")])
+def test_a_config_on_one_engine_displaces_a_pooled_pick_only_beyond_the_instance_spread(lead, spread, picked):
+    """Issue 24: the pick pooled over two fresh engines (spread measured between them) stands against
+    a config measured on one engine unless that one leads by more than the spread; without a
+    measured spread any lead wins, as before."""
+    first = trial("draft k=2", DRAFT, [150.0, 151.0, 152.0], 500)
+    pooled = _pooled("draft k=2", DRAFT, [135.0, 140.0, 145.0, 150.0, 152.0], 500, of=1, spread=spread)
+    rival = trial("ngram", {"method": "none", "x": 1}, [145.0 * lead - 1, 145.0 * lead, 145.0 * lead + 1], 510)
+    s = study(BASE, first, pooled, rival)
+    assert s.trials[2].values[0] == 145.0
+    assert choose(s).trial.user_attrs["label"] == picked

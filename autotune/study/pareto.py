@@ -75,7 +75,8 @@ def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choic
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     sign = 1 if maximize else -1
     # On a tie, the record with more evidence (pooled over fresh engines) goes first.
-    best = max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs))
+    best = _held(study, front, max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs)),
+                 sign)
     old = superseded(study)
     lossless = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy and t.number not in old
@@ -89,6 +90,23 @@ def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choic
     if lo == lo and lo > 1 + gain:
         return Choice(best, min_gain=gain)
     return Choice(rival, passed_over=best, gain=(lo, hi), min_gain=gain)
+
+
+def _held(study: optuna.Study, front: list[FrozenTrial], best: FrozenTrial, sign: int) -> FrozenTrial:
+    """``best``, unless it rests on one engine and the front's best record pooled over fresh engines
+    is within the study's measured spread between instances of it (issue 24): fresh engines of one
+    config differ by 8-20% on a shared machine, so such a lead is noise, and re-measuring the new
+    leader only to see it regress cost up to 6 trials a study. A lead beyond the spread still wins."""
+    if attrs.REMEASURE_OF in best.user_attrs:
+        return best
+    pooled = [t for t in front if attrs.REMEASURE_OF in t.user_attrs]
+    if not pooled:
+        return best
+    held = max(pooled, key=lambda t: sign * t.values[0])
+    spread = max((attrs.measurement(t).get("instance_spread") or 0.0)
+                 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if attrs.REMEASURE_OF in t.user_attrs)
+    return best if sign * (best.values[0] - held.values[0]) > spread * abs(held.values[0]) else held
 
 
 def pick_best(study: optuna.Study, *, lossy_min_gain: float | None = None) -> FrozenTrial | None:
