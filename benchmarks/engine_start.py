@@ -12,6 +12,13 @@ tokenizer. On a 2-core machine the two compete. This measures, on the demo targe
 - ``serve_alone_s``: ``vllm serve`` (through autotune's CPU stand-in) to healthy, nothing else running;
 - ``serve_with_worker_s``: the same while the worker side runs beside it, as a trial does today.
 
+- ``inprocess_start_s``: vLLM's AsyncLLM started in a fresh process as an in-process trial starts it
+  (engine core and CPU worker spawned, each importing vLLM), from after ``import vllm`` to ready;
+- ``inprocess_one_process_s``: the same with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core and
+  worker in the one process), as autotune starts engines that time nothing (a draft's trace); each
+  then takes a teacher-forced prompt-logprob pass of the draft model, and ``same_argmax`` says
+  whether the two gave the same argmax at every position.
+
 ``serve_with_worker_s - serve_alone_s`` is what the worker's own vLLM import costs the start on this
 machine; ``worker_side_s`` what a worker process that had imported vLLM once would no longer pay.
 
@@ -47,6 +54,49 @@ argv = json.loads(sys.argv[1])
 engine_args_from_serve(argv).create_engine_config(UsageContext.OPENAI_API_SERVER)
 load_tokenizer(argv[0])
 """
+
+
+IN_PROCESS = """
+import asyncio, json, sys, time
+from autotune import demo
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+rows = [json.loads(x) for x in open("examples/json_edit.jsonl").read().splitlines()[:6]]
+
+
+async def go():
+    t0 = time.perf_counter()
+    e = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(demo.DRAFT), dtype=demo.DTYPE, enforce_eager=True,
+                                                  max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
+    start = time.perf_counter() - t0
+    p = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False,
+                       output_kind=RequestOutputKind.FINAL_ONLY)
+    argmax = []
+    for i, r in enumerate(rows):
+        ids = e.get_tokenizer().encode(r["prompt"])
+        async for f in e.generate(TokensPrompt(prompt_token_ids=ids), p, f"r{i}"):
+            pass
+        argmax.append([list(d)[-1] for d in f.prompt_logprobs[1:]])
+    e.shutdown()
+    print("RESULT " + json.dumps({"start_s": start, "argmax": argmax}))
+
+
+if __name__ == "__main__":
+    asyncio.run(go())
+"""
+
+
+def _in_process(one_process: bool) -> dict:
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if one_process else "1"}
+    with tempfile.NamedTemporaryFile("w", suffix=".py") as f:  # spawn re-imports __main__: a file, not -c
+        f.write(IN_PROCESS)
+        f.flush()
+        got = subprocess.run([sys.executable, f.name], capture_output=True, text=True, env=env, check=True,
+                             cwd=Path(__file__).resolve().parents[1])
+    return json.loads(next(ln for ln in got.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
 
 
 def _timed(argv: list[str]) -> float:
@@ -87,7 +137,9 @@ def main() -> None:
     argv = serve_argv(Candidate({"method": "none", "enforce_eager": True}).engine_kwargs(settings))
     worker = [sys.executable, "-c", WORKER_SIDE, json.dumps(argv)]
     got: dict[str, list[float]] = {k: [] for k in ("import_vllm_s", "worker_side_s", "serve_alone_s",
-                                                   "serve_with_worker_s")}
+                                                   "serve_with_worker_s", "inprocess_start_s",
+                                                   "inprocess_one_process_s")}
+    same_argmax = True
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             order = ["alone", "with"] if r % 2 == 0 else ["with", "alone"]  # ABBA across rounds
@@ -97,14 +149,21 @@ def main() -> None:
                 log = Path(tmp) / f"serve-{r}-{kind}.log"
                 key = "serve_alone_s" if kind == "alone" else "serve_with_worker_s"
                 got[key].append(_serve(argv, log, beside=worker if kind == "with" else None))
+            runs = {one: _in_process(one) for one in ([False, True] if r % 2 == 0 else [True, False])}
+            got["inprocess_start_s"].append(runs[False]["start_s"])
+            got["inprocess_one_process_s"].append(runs[True]["start_s"])
+            same_argmax = same_argmax and runs[False]["argmax"] == runs[True]["argmax"]
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in got.items()), flush=True)
     med = {k: statistics.median(v) for k, v in got.items()}
     out = {"machine": {**hardware.describe(), "cores": os.cpu_count(), "avx512": bool(hardware.cpu_features())},
            "rounds": a.rounds, "seconds": got, "median_s": med,
            "worker_import_cost_s": med["serve_with_worker_s"] - med["serve_alone_s"],
-           "ratio_serve_with_worker_to_alone": med["serve_with_worker_s"] / med["serve_alone_s"]}
+           "ratio_serve_with_worker_to_alone": med["serve_with_worker_s"] / med["serve_alone_s"],
+           "ratio_one_process_to_inprocess_start": med["inprocess_one_process_s"] / med["inprocess_start_s"],
+           "same_argmax": same_argmax}
     a.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: out[k] for k in ("median_s", "worker_import_cost_s", "ratio_serve_with_worker_to_alone")},
+    print(json.dumps({k: out[k] for k in ("median_s", "worker_import_cost_s", "ratio_serve_with_worker_to_alone",
+                                          "ratio_one_process_to_inprocess_start", "same_argmax")},
                      indent=2))
     print(f"saved {a.out}")
 

@@ -25,30 +25,48 @@ K = 4  # deep enough that a replay without the chaining (teacher-forced drafts) 
 _ENGINE = r"""
 import json, sys
 from vllm import LLM, SamplingParams
-from vllm.v1.metrics.reader import Counter, Vector
-target, head, k, workload = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-rows = [json.loads(x) for x in open(workload).read().splitlines() if x.strip()]
+from vllm.v1.metrics.reader import Vector
+target, head, k, workloads = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 spec = {"method": "eagle3", "model": head, "num_speculative_tokens": k} if k else None
 llm = LLM(model=target, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
-          disable_log_stats=False, speculative_config=spec, max_num_seqs=1)
-params = [SamplingParams(temperature=0.0, max_tokens=r.get("max_tokens", 128)) for r in rows]
-outs = llm.generate([r["prompt"] for r in rows], params, use_tqdm=False)
-counters = {}
-for m in llm.get_metrics():
-    if m.name.startswith("vllm:spec_decode"):
-        counters[m.name] = m.values if isinstance(m, Vector) else m.value
-print("RESULT " + json.dumps({"counters": counters, "outputs": [
-    {"id": r.get("id", str(i)), "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)}
-    for i, (r, o) in enumerate(zip(rows, outs))]}))
+          disable_log_stats=False, speculative_config=spec, max_num_seqs=1, gpu_memory_utilization=0.3)
+
+
+def counters():
+    got = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode"):
+            got[m.name] = list(m.values) if isinstance(m, Vector) else m.value
+    return got
+
+
+result = {}
+for kind, workload in workloads.items():  # one engine, each workload's counters as the difference
+    rows = [json.loads(x) for x in open(workload).read().splitlines() if x.strip()]
+    params = [SamplingParams(temperature=0.0, max_tokens=r.get("max_tokens", 128)) for r in rows]
+    before = counters()
+    outs = llm.generate([r["prompt"] for r in rows], params, use_tqdm=False)
+    after = counters()
+    diff = {n: ([a - b for a, b in zip(v, before.get(n, [0] * len(v)))] if isinstance(v, list) else v - before.get(n, 0))
+            for n, v in after.items()}
+    result[kind] = {"counters": diff, "outputs": [
+        {"id": r.get("id", str(i)), "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)}
+        for i, (r, o) in enumerate(zip(rows, outs))]}
+print("RESULT " + json.dumps(result))
 """
 
 
-def run_engine(k: int, workload: Path = WORKLOAD, head: Path = demo.EAGLE3) -> dict:
-    """Greedy outputs and vLLM's spec-decode counters for the workload, eagle3 at depth k (0: none).
+def run_engine(k: int, workloads: dict[str, Path], head: Path = demo.EAGLE3) -> dict:
+    """Greedy outputs and vLLM's spec-decode counters for each workload in turn on one engine, eagle3
+    at depth k (0: none): kind -> {"counters", "outputs"}.
 
-    max_num_seqs=1: one request at a time, the concurrency the forecast replays exactly."""
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    got = subprocess.run([sys.executable, "-c", _ENGINE, str(demo.TARGET), str(head), str(k), str(workload)],
+    max_num_seqs=1: one request at a time, the concurrency the forecast replays exactly. One process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0): nothing here is timed, and the engine core and its worker
+    in processes of their own would triple the start (23-28 s against 6 s on a 2-core machine)."""
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    got = subprocess.run([sys.executable, "-c", _ENGINE, str(demo.TARGET), str(head), str(k),
+                          json.dumps({kind: str(p) for kind, p in workloads.items()})],
                          capture_output=True, text=True, env=env, timeout=900)
     line = next((ln for ln in got.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, got.stderr[-4000:]
@@ -69,12 +87,22 @@ def fresh_workload(path: Path, n: int = 12) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=["json_edit", "fresh"])
-def runs(request, tmp_path_factory):
+KINDS = ["json_edit", "fresh"]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory) -> tuple[dict, dict]:
+    """The baseline's and eagle3's runs over both workloads (json_edit, then the held-out prompts)."""
     if not demo.eagle3_available():
         pytest.skip("no shipped EAGLE-3 head")
-    wl = WORKLOAD if request.param == "json_edit" else fresh_workload(tmp_path_factory.mktemp("e3") / "fresh.jsonl")
-    return request.param, run_engine(0, wl), run_engine(K, wl)
+    workloads = {"json_edit": WORKLOAD, "fresh": fresh_workload(tmp_path_factory.mktemp("e3") / "fresh.jsonl")}
+    return run_engine(0, workloads), run_engine(K, workloads)
+
+
+@pytest.fixture(params=KINDS)
+def runs(request, engines):
+    base, eagle = engines
+    return request.param, base[request.param], eagle[request.param]
 
 
 def test_eagle3_head_drafts_vllm_accepts_and_outputs_stay_the_baselines(runs):

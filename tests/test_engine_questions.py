@@ -13,13 +13,16 @@ from typer.testing import CliRunner
 
 from autotune.cli.app import app
 from autotune.core.study_report import load_report
+from autotune.run.engine import UNTIMED_ENV
 
 pytestmark = pytest.mark.engine
 NGRAM = ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
          '"kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": true}')
 
 
-def test_question_file_replays_turns_and_reports_by_category(tmp_path):
+def test_question_file_replays_turns_and_reports_by_category(tmp_path, monkeypatch):
+    for k, v in UNTIMED_ENV.items():  # outputs and counters only, never speed: one process per engine
+        monkeypatch.setenv(k, v)
     r = CliRunner().invoke(app, ["search", "tests/data/formats/questions.jsonl", "--turns", "all", "--output-len", "16",
                                  "--space", "tests/data/engine_space.yaml", "--trials", "2", "--try", NGRAM,
                                  "--results", str(tmp_path), "--study", "q", "--repeats", "1", "--max-repeats", "0",

@@ -23,6 +23,7 @@ from autotune import demo
 from autotune.core.candidate import Candidate, Settings
 from autotune.measure.config import StudyConfig
 from autotune.run.served_engine import PER_POS
+from autotune.run.engine import UNTIMED_ENV
 from autotune.run.evaluate import trial_job
 from autotune.forecast.predict import suffix_acceptance, suffix_available
 from autotune.run.worker import run_trial
@@ -48,8 +49,9 @@ def runs(tmp_path_factory):
     out = {}
     for name, params, instrument in (("baseline", {"method": "none", "enforce_eager": True}, "inprocess"),
                                      ("suffix", SUFFIX, "inprocess"), ("suffix served", SUFFIX, "served")):
+        # Counters and outputs only, never speed: vLLM's engine core runs its worker in-process.
         got = run_trial(trial_job(Candidate(params), wl, replace(cfg, instrument=instrument)), tmp / name,
-                        timeout_s=600)
+                        timeout_s=600, env=UNTIMED_ENV)
         assert got.raw is not None, got.failure
         out[name] = got.raw
     return out
@@ -108,7 +110,7 @@ def test_forecast_equals_vllms_counters_on_a_fresh_generated_workload(tmp_path):
                                         gpu_memory_utilization=0.3))
     raw = {}
     for name, params in (("baseline", {"method": "none", "enforce_eager": True}), ("suffix", SUFFIX)):
-        got = run_trial(trial_job(Candidate(params), wl, cfg), tmp_path / name, timeout_s=600)
+        got = run_trial(trial_job(Candidate(params), wl, cfg), tmp_path / name, timeout_s=600, env=UNTIMED_ENV)
         assert got.raw is not None, got.failure
         raw[name] = got.raw
     recs = raw["baseline"]["windows"][0]["requests"]

@@ -23,6 +23,13 @@ from autotune.run.served_engine import (PER_POS, SERVER_LOG, SPEC_COUNTERS, TIME
                                     token_budget)
 
 
+# For engines that time nothing (a draft's teacher-forced trace): vLLM's engine core and its CPU
+# worker in this process instead of two spawned ones, each re-importing vLLM. Start 11 s against 25 s
+# on a 2-core machine, the same argmax token for token (benchmarks/data/engine_start.json). Never for
+# a measured engine: vLLM's CPU platform wants the multiprocess executor to set up OpenMP there.
+UNTIMED_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def spec_counters() -> dict[str, Any]:
     """Current values of vLLM's speculative-decoding counters (summed over label sets)."""
     from vllm.v1.metrics.reader import Counter, Histogram, Vector, get_metrics_snapshot

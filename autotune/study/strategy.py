@@ -161,6 +161,7 @@ def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_d
     for this baseline's trace only: planning, forecasts and other studies go on. Where the space
     searches eagle3 with a head, the head's chains are traced first (``trace_eagle3``)."""
     from autotune.forecast.predict import trace_job
+    from autotune.run.engine import UNTIMED_ENV
     from autotune.study.trials import baseline_trial
     from autotune.run.worker import run_trial
 
@@ -179,7 +180,7 @@ def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_d
                   "enforce_eager": True}  # eager: the trace is one prefill per request, no compile wanted
         kwargs.pop("kv_cache_dtype", None)
         job = trace_job(kwargs, base.user_attrs.get(attrs.OUTPUTS, []), cfg.engine_module)
-        out = run_trial(job, results_dir / "draft-trace", timeout_s=cfg.trial_timeout_s, env=env)
+        out = run_trial(job, results_dir / "draft-trace", timeout_s=cfg.trial_timeout_s, env={**env, **UNTIMED_ENV})
         study.set_user_attr(attrs.DRAFT_TRACE, {"argmax": out.raw["traces"], "wall_s": round(out.wall_s, 1),
                                                     "rank_mismatches": out.raw.get("rank_mismatches")}
                             if out.raw is not None else {"failure": out.failure, "wall_s": round(out.wall_s, 1)})
