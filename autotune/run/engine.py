@@ -24,7 +24,7 @@ from autotune.run.served_engine import (PER_POS, SERVER_LOG, SPEC_COUNTERS, TIME
 
 
 # For engines that time nothing (a draft's teacher-forced trace): vLLM's engine core and its CPU
-# worker in this process instead of two spawned ones, each re-importing vLLM. Start 11 s against 25 s
+# worker in this process instead of two spawned ones, each re-importing vLLM. Start 14.8 s against 27.1 s
 # on a 2-core machine, the same argmax token for token (benchmarks/data/engine_start.json). Never for
 # a measured engine: vLLM's CPU platform wants the multiprocess executor to set up OpenMP there.
 UNTIMED_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
