@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from autotune import demo
+from autotune.run.engine import UNTIMED_ENV
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,10 +62,9 @@ def run_engine(k: int, workloads: dict[str, Path], head: Path = demo.EAGLE3) -> 
     at depth k (0: none): kind -> {"counters", "outputs"}.
 
     max_num_seqs=1: one request at a time, the concurrency the forecast replays exactly. One process
-    (VLLM_ENABLE_V1_MULTIPROCESSING=0): nothing here is timed, and the engine core and its worker
-    in processes of their own would triple the start (23-28 s against 6 s on a 2-core machine)."""
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    (autotune.run.engine.UNTIMED_ENV): nothing here is timed, and the engine core and its worker in
+    processes of their own would double the start (benchmarks/data/engine_start.json)."""
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": "1", **UNTIMED_ENV}
     got = subprocess.run([sys.executable, "-c", _ENGINE, str(demo.TARGET), str(head), str(k),
                           json.dumps({kind: str(p) for kind, p in workloads.items()})],
                          capture_output=True, text=True, env=env, timeout=900)
