@@ -32,7 +32,8 @@ def main() -> None:
     report = load_report(args.results)
     kw = dict(report["best"]["engine_kwargs"])
     settings = Settings(model=kw.pop("model"), dtype=kw.pop("dtype", None), max_model_len=kw.pop("max_model_len", None),
-                        gpu_memory_utilization=kw.pop("gpu_memory_utilization", None), seed=kw.pop("seed", 0),
+                        gpu_memory_utilization=kw.pop("gpu_memory_utilization", None),
+                        kv_cache_memory_bytes=kw.pop("kv_cache_memory_bytes", None), seed=kw.pop("seed", 0),
                         draft_model=(kw.get("speculative_config") or {}).get("model"))
     wl = load_workload(args.workload or report["workload"])
     conc = report.get("concurrency") or 1

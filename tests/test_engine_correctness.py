@@ -68,7 +68,7 @@ def judged(tmp_path_factory):
     cfg = StudyConfig(name="correctness", results_dir=root, samples=128, sample_tokens=3, repeats=1,
                       tolerances=Tolerances(max_drift=0.0, max_logprob_drift=0.0),
                       settings=Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), dtype=demo.DTYPE,
-                                        max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
+                                        max_model_len=demo.MAX_MODEL_LEN, kv_cache_memory_bytes=demo.KV_CACHE_BYTES))
 
     # Two engines at a time, each bound to a core of its own (vLLM's CPU worker binds to core 0 by
     # default, so two would share it): an engine's start is mostly one busy thread importing vLLM,

@@ -29,7 +29,7 @@ def run(tmp_path_factory):
     reqs = tuple(Request(id=r.id, prompt=r.prompt, max_tokens=8, arrival_s=10 + o) for r, o in zip(base, OFFSETS))
     cfg = StudyConfig(name="load", results_dir=tmp, load=LoadPattern("replay"), extra_loads=(CLOSED,), repeats=1,
                       warmup=1, settings=Settings(model=str(demo.TARGET), dtype=demo.DTYPE,
-                                                  max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
+                                                  max_model_len=demo.MAX_MODEL_LEN, kv_cache_memory_bytes=demo.KV_CACHE_BYTES))
     out = run_trial(trial_job(Candidate({"method": "none", "enforce_eager": True}), Workload("replay", reqs), cfg),
                     tmp / "trial", timeout_s=600)
     assert out.raw is not None, out.failure

@@ -184,7 +184,7 @@ def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
     from autotune.run.worker import run_trial
 
     kw = Candidate({"method": "none", "enforce_eager": True}).engine_kwargs(
-        Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, gpu_memory_utilization=0.3))
+        Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, kv_cache_memory_bytes=demo.KV_CACHE_BYTES))
     job = {"engine_kwargs": kw, "requests": [{"id": "a", "prompt": "hi", "sampling": {"max_tokens": 4}}],
            "replay": {"load": {"kind": "concurrency", "concurrency": 1}, "warmup": 0}}
     out = run_trial(job, tmp_path, timeout_s=6)

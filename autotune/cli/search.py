@@ -7,7 +7,7 @@ options into a workload, settings, a space and a StudyConfig, runs the study and
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,7 @@ def prepare(o: SearchOptions) -> Prepared:
     from autotune.run import devices, hardware
     from autotune.measure.config import StudyConfig
     from autotune.core.context import fit_model
+    from autotune.core.kv_budget import kv_cache_bytes, most_in_flight
     from autotune.core.load import level_loads, parse_levels, parse_load
     from autotune.measure.objectives import normalize_objectives, validate_objectives
     from autotune.measure.slo import parse_slos
@@ -146,6 +147,12 @@ def prepare(o: SearchOptions) -> Prepared:
                     models=settings.available_models() | _workload_needs(wl), tags=hardware.platform_tags(platform))
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
                        trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
+    if platform == "cpu" and o.gpu_memory_utilization is None:  # KV for what the study holds, not 0.3 of RAM
+        kv = kv_cache_bytes([m for m in (settings.model, settings.draft_model, settings.eagle_head,
+                                         settings.eagle3_head) if m], fitted.context or 0,
+                            most_in_flight([load, *extra_loads], len(fitted.workload.requests), o.samples))
+        if kv is not None:
+            settings = replace(settings, gpu_memory_utilization=None, kv_cache_memory_bytes=kv)
     name = o.study or Path(o.workload).stem
     cfg = StudyConfig(name=name, results_dir=o.results / name, settings=settings, objectives=objectives,
                       n_trials=o.trials, storage=o.storage, load=load, extra_loads=extra_loads, repeats=o.repeats,

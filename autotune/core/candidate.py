@@ -46,6 +46,7 @@ class Settings:
     dtype: str | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None  # vLLM's --kv-cache-memory-bytes (autotune.core.kv_budget)
     seed: int = 0
     trust_remote_code: bool = False
 
@@ -82,7 +83,7 @@ _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def _model_configs(model: str) -> list[dict[str, Any]]:
+def model_configs(model: str) -> list[dict[str, Any]]:
     """The model's config.json (and its text_config), or nothing when it cannot be read.
 
     Local folders are read directly; a hub id is read from the local Hugging Face cache only
@@ -107,7 +108,7 @@ def _model_configs(model: str) -> list[dict[str, Any]]:
 
 
 def _has(model: str, keys: tuple[str, ...]) -> bool:
-    return any(isinstance(c.get(k), int) and c[k] > 0 for c in _model_configs(model) for k in keys)
+    return any(isinstance(c.get(k), int) and c[k] > 0 for c in model_configs(model) for k in keys)
 
 
 def model_has_mtp(model: str) -> bool:
@@ -176,7 +177,7 @@ class Candidate:
     def engine_kwargs(self, settings: Settings) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs``. The only place this mapping lives."""
         kw: dict[str, Any] = {"model": settings.model}
-        for name in ("tokenizer", "dtype", "max_model_len", "gpu_memory_utilization"):
+        for name in ("tokenizer", "dtype", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes"):
             if getattr(settings, name) is not None:
                 kw[name] = getattr(settings, name)
         kw["seed"] = settings.seed

@@ -31,9 +31,9 @@ def model_context(model: str, max_model_len: int | None) -> int | None:
     (None when neither is known: vLLM then decides)."""
     if max_model_len is not None:
         return max_model_len
-    from autotune.core.candidate import _model_configs  # the one reader of a model's config.json
+    from autotune.core.candidate import model_configs  # the one reader of a model's config.json
 
-    found = [c[k] for c in _model_configs(model) for k in _LENGTH_KEYS if isinstance(c.get(k), int)]
+    found = [c[k] for c in model_configs(model) for k in _LENGTH_KEYS if isinstance(c.get(k), int)]
     return min(found) if found else None
 
 

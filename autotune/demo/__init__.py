@@ -17,6 +17,9 @@ MAX_MODEL_LEN = 1024
 # vLLM's "auto" downcasts float32 checkpoints to bfloat16 on CPU; measured on this pair
 # (smoke workload, concurrency 1), bfloat16 cut draft acceptance from 0.81 to 0.64.
 DTYPE = "float32"
+# KV cache for tests that set up the pair by hand: all three models, 16 requests of MAX_MODEL_LEN
+# tokens in flight, twice over, is 352 MiB (autotune.core.kv_budget; tests/test_kv_budget.py).
+KV_CACHE_BYTES = 512 * 2**20
 
 
 def available() -> bool:
