@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     wl = load_workload(args.workload)
     settings = Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, dtype="float32",
-                        gpu_memory_utilization=0.3)
+                        kv_cache_memory_bytes=demo.KV_CACHE_BYTES)  # sized, as `autotune search` sets it on CPU
     tmp = Path(tempfile.mkdtemp(prefix="instance_noise-"))
     cfg = StudyConfig(name="noise", results_dir=tmp, settings=settings, load=LoadPattern(concurrency=1),
                       repeats=args.windows, samples=0, instrument=args.instrument, warmup=args.warmup)

@@ -161,7 +161,7 @@ def main() -> None:
     args = ap.parse_args()
     wl = load_workload(args.workload)
     settings = Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, dtype="float32",
-                        gpu_memory_utilization=0.3)  # as `autotune search` sets it on CPU
+                        kv_cache_memory_bytes=demo.KV_CACHE_BYTES)  # sized, as `autotune search` sets it on CPU
     tmp = Path(tempfile.mkdtemp(prefix="served_gap-"))
     cfg = StudyConfig(name="gap", results_dir=tmp, settings=settings, load=LoadPattern(concurrency=1),
                       repeats=args.windows, samples=0)

@@ -96,7 +96,9 @@ def search(
     dtype: Annotated[Optional[str], typer.Option(help="Model dtype, passed to vLLM (default: vLLM's auto; "
                                                      "float32 for the demo pair).")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(
-        help="Passed to vLLM (on CPU: share of host RAM for the KV cache). Default 0.3 on CPU.")] = None,
+        help="Passed to vLLM (on CPU: share of host RAM for the KV cache). Default on CPU: "
+             "--kv-cache-memory-bytes sized to the study's requests in flight (0.3 where the model's "
+             "config does not give its sizes).")] = None,
     max_drift: Annotated[float, typer.Option(min=0, max=1, help="Allowed token disagreement for lossy configs "
                                                               "(used where log-probs are not measured).")] = 0.10,
     lossless_tolerance: Annotated[float, typer.Option(min=0, max=1, help="Allowed disagreement for speculation-only configs.")] = 0.02,
