@@ -4,7 +4,10 @@ N fresh instances each of the baseline and of the demo's usual pick (ngram k=5 l
 interleaved (baseline, pick, pick, baseline, ...), each measured by the study's own harness
 (a worker, warm-up, ``--windows`` windows of examples/json_edit.jsonl at concurrency 1) with the
 chosen instrument. Prints each instance's median tok/s and, per config, the spread
-(max - min) / median and the paired speedups; saves them to ``--out``:
+(max - min) / median and the paired speedups. Around each instance, with nothing else running, a
+probe times the machine itself on vLLM's OpenMP core (a pure-Python loop, a one-thread matmul):
+its correlation with the instances' tok/s says whether the spread is the machine's drift. Saves
+everything to ``--out``:
 
     .venv/bin/python benchmarks/instance_noise.py [--instances 5] [--instrument served|inprocess]
 """
@@ -82,6 +85,39 @@ class Placement:
         return self.shared / self.samples if self.samples else float("nan")
 
 
+def probe(seconds: float = 1.0) -> dict[str, float]:
+    """The machine's own speed just now, with no engine running, on the core vLLM's OpenMP thread
+    binds to: a pure-Python loop (the interpreter work most of the demo pair's decode step is)
+    and a one-thread float32 256x256 matmul, each as operations per second. If instances differ
+    because the machine's speed drifts, these move with their tok/s."""
+    import torch
+
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t, n = time.perf_counter(), 0
+        while time.perf_counter() - t < seconds:
+            sum(range(10_000))
+            n += 1
+        py = n / (time.perf_counter() - t)
+        a = torch.randn(256, 256)
+        t, n = time.perf_counter(), 0
+        while time.perf_counter() - t < seconds:
+            a @ a
+            n += 1
+        mm = n / (time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, before)
+    return {"python_loops_s": py, "matmuls_s": mm}
+
+
+def correlation(xs: list[float], ys: list[float]) -> float:
+    return statistics.correlation(xs, ys) if len(xs) > 2 and len(set(xs)) > 1 and len(set(ys)) > 1 else float("nan")
+
+
 def spread(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / statistics.median(xs)
 
@@ -94,6 +130,8 @@ def main() -> None:
     ap.add_argument("--instrument", default="served", choices=("served", "inprocess"))
     ap.add_argument("--warmup", type=int, default=2, help="requests replayed unmeasured first (the study's default: 2)")
     ap.add_argument("--configs", default="baseline,pick", help="which of baseline,pick to measure")
+    ap.add_argument("--no-probe", dest="probe", action="store_false",
+                    help="skip the machine-speed probe around each instance")
     ap.add_argument("--out", default="benchmarks/data/instance_noise.json")
     args = ap.parse_args()
     wl = load_workload(args.workload)
@@ -107,11 +145,16 @@ def main() -> None:
     tok: dict[str, list[float]] = {s: [] for s in sides}
     windows: dict[str, list[list[float]]] = {s: [] for s in sides}
     shared: dict[str, list[float]] = {s: [] for s in sides}
+    probes: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     t0 = time.time()
     for i in range(args.instances):
         for side in (list(sides) if i % 2 == 0 else list(sides)[::-1]):  # ABBA
+            first = probe() if args.probe else {}
             with Placement() as place:
                 out = run_trial(trial_job(sides[side], wl, cfg), tmp / f"{i}-{side}", timeout_s=1800)
+            if args.probe:  # the machine's speed around the instance: the mean of just before and just after
+                last = probe()
+                probes[side].append({k: (first[k] + last[k]) / 2 for k in first})
             if out.raw is None:
                 raise SystemExit(f"{side} instance {i} failed: {out.failure}")
             m = measure_run(out.raw)
@@ -126,6 +169,13 @@ def main() -> None:
                          # the spread of each window position across instances: does it shrink as warm-up goes on?
                          "spread_by_window": [spread([w[j] for w in windows[s]]) for j in range(args.windows)]}
                      for s, v in tok.items()}
+    for s, v in tok.items():
+        if probes[s]:  # does the machine's own speed move with the instances' tok/s?
+            for k in probes[s][0]:
+                speed = [x[k] for x in probes[s]]
+                summary[s][f"corr_{k}"] = correlation(v, speed)
+                summary[s][f"spread_{k}"] = spread(speed)
+                summary[s][f"spread_per_{k}"] = spread([t / x for t, x in zip(v, speed)])
     paired = [p / b for p, b in zip(tok.get("pick", []), tok.get("baseline", []))]
     if paired:
         summary["speedup"] = {"paired": paired, "median": statistics.median(paired), "spread": spread(paired)}
@@ -134,6 +184,9 @@ def main() -> None:
               f"over {args.instances} fresh instances")
         print(f"{s:<8} spread of window 1..{args.windows} across instances: "
               + ", ".join(f"{x:.1%}" for x in summary[s]["spread_by_window"]))
+        for k in (probes[s][0] if probes[s] else {}):
+            print(f"{s:<8} probe {k}: spread {summary[s][f'spread_{k}']:.1%}, correlation with tok/s "
+                  f"{summary[s][f'corr_{k}']:+.2f}, spread of tok/s per probe speed {summary[s][f'spread_per_{k}']:.1%}")
     if paired:
         print(f"paired speedups {', '.join(f'{x:.2f}' for x in paired)}: median {summary['speedup']['median']:.2f}x, "
               f"spread {summary['speedup']['spread']:.1%}")
@@ -142,7 +195,7 @@ def main() -> None:
                                           "instrument": args.instrument, "instances": args.instances,
                                           "warmup": args.warmup,
                                           "windows": args.windows, "tok_s": tok, "windows_tok_s": windows,
-                                          "omp_core_shared": shared,
+                                          "omp_core_shared": shared, "probe": probes,
                                           "summary": summary}, indent=2) + "\n")
     print(f"saved {args.out}")
 

@@ -74,14 +74,21 @@ def test_study_writes_and_shows_results_by_category(study):
     assert sorted(set(frame["category"])) == ["editing", "math", "rag"]
     cand = frame[frame["trial"] == 1].set_index("category")
     assert (cand["requests"] == 3).all()  # every turn of a conversation is a request of its category
-    # Which kinds gain and which lose: the fake engine's speculation rejects every draft on math.
-    assert cand.loc["editing", "speedup_output_tok_s"] > 1 and cand.loc["rag", "speedup_output_tok_s"] > 1
-    assert cand.loc["math", "speedup_output_tok_s"] < 1 and cand.loc["math", "mean_accepted_length"] == 1
+    # Which kinds gain and which lose: the fake engine's speculation rejects every draft on math, whose
+    # steps then cost 1.2 baseline steps for one token, while editing gets 4 tokens a step. Each
+    # speedup alone carries the noise between two fake engine instances (one window a side: 1.13x
+    # for math with one seed, 0.83x without noise), but the kinds share their window's noise, so
+    # the ratio between them is exact.
+    sp = cand["speedup_output_tok_s"]
+    assert sp["editing"] > 1 and sp["rag"] == pytest.approx(sp["editing"])
+    assert sp["math"] / sp["editing"] == pytest.approx(1 / (4 * 1.2), rel=1e-6)
+    assert cand.loc["math", "mean_accepted_length"] == 1
     assert cand.loc["editing", "mean_accepted_length"] == pytest.approx(4)
     assert cand.loc["editing", "acceptance_by_pos"] == "1.000 1.000 1.000"
     best = load_report(out)["best"]
     assert best["trial"] == 1 and set(best["speedup_by_category"]) == {"editing", "math", "rag"}
-    assert best["speedup_by_category"]["math"]["output_tok_s"] < 1
+    by = best["speedup_by_category"]
+    assert by["math"]["output_tok_s"] < by["editing"]["output_tok_s"] / 4
     assert "## By category: trial 1" in (out / "report.md").read_text()
 
 
