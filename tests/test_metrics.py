@@ -63,17 +63,19 @@ def test_pool_joins_two_engines_windows_and_rederives_their_medians():
     from autotune.measure.metrics import pool
 
     first = {"output_tok_s": 10.5, "output_tok_s_windows": [10.0, 11.0], "output_tok_s_mad": 0.5, "windows": 2,
-             "noisy": False, "windows@concurrency=4": 2,
+             "noisy": False, "windows@concurrency=4": 2, "engine_init_s": 31.0, "warmup_s": 0.4,
              "output_tok_s_windows@concurrency=4": [5.0, 6.0], "output_tok_s@concurrency=4": 5.5,
              "mean_accepted_length": 3.0}
     again = {"output_tok_s_windows": [13.0, 14.0], "windows": 2, "output_tok_s_windows@concurrency=4": [7.0, 8.0],
-             "windows@concurrency=4": 2,
+             "windows@concurrency=4": 2, "engine_init_s": 28.5, "warmup_s": 0.3,
              "mean_accepted_length": 3.0}
     m = pool(first, again)
     assert m["output_tok_s_windows"] == [10.0, 11.0, 13.0, 14.0] and m["output_tok_s"] == 12.0
     assert m["output_tok_s@concurrency=4"] == 6.5 and m["output_tok_s_mad@concurrency=4"] == 1.0
     assert m["windows"] == 4 and m["instances"] == 2 and m["noisy"]  # 1.5 / 12 > 3%: the instances disagree
     assert m["mean_accepted_length"] == 3.0 and m["windows@concurrency=4"] == 4
+    # the re-measure trial's row shows its own engine's start, not the first instance's
+    assert (m["engine_init_s"], m["warmup_s"]) == (28.5, 0.3)
     # The second engine ran 13.5 / 10.5 of the first: the spread a comparison across engines meets.
     assert m["instance_spread"] == pytest.approx(13.5 / 10.5 - 1)
     assert pool(m, {"output_tok_s_windows": [12.0]})["instance_spread"] == pytest.approx(13.5 / 10.5 - 1)

@@ -185,6 +185,9 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
     for key in [k for k in first if parse_key(k)[:2] == ("noisy", "")]:
         m[key] = noisy(m.get(metric_key("output_tok_s", parse_key(key)[2], WINDOWS), []))
     m.update(_pooled_acceptance(first, again))
+    # A start is not pooled: the record of a re-measure trial carries its own engine's start and
+    # warm-up (its trial's row in trials.csv), not the first instance's.
+    m["engine_init_s"], m["warmup_s"] = again.get("engine_init_s"), again.get("warmup_s")
     m["output_tok_s_instances"] = instances_of(first) + instances_of(again)
     m["instances"] = len(m["output_tok_s_instances"])
     a, b = first.get("output_tok_s_windows"), again.get("output_tok_s_windows")
