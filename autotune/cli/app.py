@@ -6,6 +6,8 @@ in autotune.cli.edge; each module here registers its commands on it when importe
 
 from __future__ import annotations
 
+import signal
+
 # Importing a command module registers its commands on the app, in this order in --help.
 from autotune.cli import search_command  # noqa: F401
 from autotune.cli import commands  # noqa: F401  (isort: skip)
@@ -16,7 +18,16 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
+    # SIGTERM (a CI job cancelled, `kill`, a container stopped) ends a command as Ctrl-C does:
+    # each command's KeyboardInterrupt path ends the engines and servers it started (they run in
+    # sessions of their own, which a signal to this process alone never reaches) and records
+    # the running trial as interrupted, so `--resume` continues.
+    signal.signal(signal.SIGTERM, _as_ctrl_c)
     app()
+
+
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ EXIT_CODES = {
     INTERNAL: "an internal error (a bug): one line saying where, --verbose for the traceback",
     UNDECIDED: "cannot tell (check): the new/deployed interval straddles the tolerance; rerun with more rounds",
     DRIFT: "drift (watch): live acceptance or load left the study's interval for the deployed config",
-    INTERRUPTED: "interrupted (Ctrl-C): the running trial is recorded as interrupted; --resume continues",
+    INTERRUPTED: "interrupted (Ctrl-C or SIGTERM): the running trial is recorded as interrupted; --resume continues",
 }
 
 
