@@ -34,9 +34,11 @@ from autotune.core.candidate import Candidate, Settings  # noqa: E402
 from autotune.core.study_report import load_report  # noqa: E402
 from autotune.core.workload import load_workload  # noqa: E402
 from autotune.gate import confirm as c  # noqa: E402
+from autotune.measure.config import StudyConfig  # noqa: E402
 from autotune.measure.metrics import measure  # noqa: E402
 from autotune.run import hardware  # noqa: E402
-from autotune.run.replay import measure_windows, prompt_text  # noqa: E402
+from autotune.run.evaluate import trial_job  # noqa: E402
+from autotune.run.replay import measure_windows, prompt_text, replay_requests  # noqa: E402
 from autotune.run.served_engine import ServedEngine  # noqa: E402
 from autotune.serve.bench_client import read_bench  # noqa: E402
 from autotune.serve.servers import HOST, free_port, run_client, serving  # noqa: E402
@@ -54,8 +56,6 @@ async def _own_window(engine: ServedEngine, reqs: list[dict[str, Any]], warmup: 
                                             connector=aiohttp.TCPConnector(limit=0))
     try:
         prompts = [prompt_text(engine, r) for r in reqs]
-        from autotune.run.replay import replay_requests
-
         await replay_requests(engine, reqs[:warmup], prompts[:warmup], {"kind": "concurrency", "concurrency": 1},
                               lambda n: None)
         windows = await measure_windows(engine, reqs, prompts, {"kind": "concurrency", "concurrency": 1},
@@ -77,9 +77,6 @@ def main() -> None:
     report = load_report(results)
     wl = load_workload(report["workload"])
     st = c._setup(results, report, wl, warmups=c.DEFAULT_WARMUPS, python=sys.executable)
-    from autotune.measure.config import StudyConfig
-    from autotune.run.evaluate import trial_job
-
     kwargs = {"baseline": report["baseline"]["engine_kwargs"], "pick": report["best"]["engine_kwargs"]}
     cfg = StudyConfig(name="gap", results_dir=results, samples=0, settings=Settings(model=kwargs["baseline"]["model"]))
     reqs = trial_job(Candidate({"method": "none"}), wl, cfg)["requests"]  # the requests as a trial's job has them

@@ -2,7 +2,7 @@
 
 vLLM's CPU worker takes ``--gpu-memory-utilization`` as a share of the host's RAM and fills it
 with KV cache at every start: 0.3 of a 24 GiB host is 4.6 GiB for the 11 MB demo target, and
-zeroing it cost 5-7 s of each engine's start (benchmarks/data/kv_budget.json). An explicit
+with it a served start took 40.9 s against 26.2 s sized (benchmarks/data/kv_budget.json). An explicit
 ``kv_cache_memory_bytes`` (vLLM's ``--kv-cache-memory-bytes``) of what the study can hold in
 flight measures the same steps (the cache's size changes which blocks are free, not the
 kernels) and also skips the CPU worker's profiling forward pass in eager mode.
