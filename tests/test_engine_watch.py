@@ -115,6 +115,14 @@ def test_watch_says_ok_on_the_studys_traffic_and_drift_on_chats(served):
     # JSON's own line (same window); the text line only for its shape.
     live, then = data["forecast"]["at_live"]["speedup"], data["forecast"]["at_study"]["speedup"]
     assert live < then and f"forecast {live:.2f}x at the live acceptance" in data["line"], data["line"]
-    assert "x at the live acceptance" in line and "the forecast now prefers " in line, line
-    assert data["preferred"]["label"] != "ngram k=3 lookup=2..4 eager"
-    assert f"the forecast now prefers {data['preferred']['label']}" in data["line"], data["line"]
+    assert "x at the live acceptance" in line, line
+    assert "the forecast now prefers " in line or "still the forecast's best of the 2 measured" in line, line
+    # Whether ngram still beats the baseline at the live acceptance depends on how much the chats
+    # drafted in that window (1.14x in one CI run, below 1x in others): the line must name the
+    # ranking's own head, whichever it is.
+    ranking = [f for f in data["ranking"] if f["speedup"] is not None]
+    assert data["preferred"]["label"] == max(ranking, key=lambda f: f["speedup"])["label"], data["ranking"]
+    if data["preferred"]["label"] == data["deployed"]:
+        assert "still the forecast's best of the 2 measured configs" in data["line"], data["line"]
+    else:
+        assert f"the forecast now prefers {data['preferred']['label']}" in data["line"], data["line"]
