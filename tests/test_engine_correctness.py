@@ -65,7 +65,10 @@ def judged(tmp_path_factory):
     wl = load_workload("tests/data/correctness.jsonl")
     # Three tokens a draw: the planted faults show from the first token, and longer draws would let
     # ngram propose (and hit the CPU sampler bug below) on most of them; the CLI draws 24.
+    # score_lossless: every run scores the baseline's paths, so that speculation's drift shows as zero
+    # and the lossless runs' scores can stand in for a lossy config's below (a study skips that pass).
     cfg = StudyConfig(name="correctness", results_dir=root, samples=128, sample_tokens=3, repeats=1,
+                      score_lossless=True,
                       tolerances=Tolerances(max_drift=0.0, max_logprob_drift=0.0),
                       settings=Settings(model=str(demo.TARGET), draft_model=str(demo.DRAFT), dtype=demo.DTYPE,
                                         max_model_len=demo.MAX_MODEL_LEN, kv_cache_memory_bytes=demo.KV_CACHE_BYTES))

@@ -3,6 +3,7 @@
 The real engine runs in tests/test_engine_study.py.
 """
 
+import dataclasses
 import json
 import os
 import socket
@@ -24,6 +25,7 @@ from autotune.measure.config import StudyConfig
 from autotune.study.loop import run_study
 from autotune.core.workload import load_workload
 from autotune.run.worker import run_trial
+from autotune.measure.validate import Tolerances
 
 FAKE_SPACE = "tests/data/fake_space.yaml"
 
@@ -73,6 +75,31 @@ def test_lossy_drift_beyond_budget_is_infeasible_never_best(tmp_path, fake_engin
                            objectives=list(c.objectives), storage_url=c.storage_url)
     assert report["best"]["trial"] == 0  # faster but wrong: the baseline stays best
     assert [e["trial"] for e in report["pareto"]] == [0]
+
+
+def test_only_a_lossy_config_scores_log_probs_and_the_baseline_scores_once(tmp_path, fake_engine_env):
+    """The scoring pass is sized to the verdicts: a lossless candidate (judged by its tokens) gets an
+    empty reference and scores nothing; a lossy one scores the baseline's paths for its drift."""
+    from autotune.core.candidate import Candidate
+    from autotune.run.evaluate import Reference, trial_job
+    from autotune.study.trials import trial_dir
+
+    c = cfg(tmp_path, n_trials=3, tolerances=Tolerances(max_logprob_drift=0.1))
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space, enqueue=[
+        {"method": "ngram", "num_speculative_tokens": 4, "kv_cache_dtype": "auto", "quantization": "none"},
+        {"method": "none", "kv_cache_dtype": "fp8", "quantization": "none"}])
+    base, lossless, lossy = study.trials
+    jobs = [json.loads((trial_dir(c.results_dir, t.number) / "job.json").read_text()) for t in study.trials]
+    assert base.user_attrs["scores"] and "reference" not in jobs[0]  # the baseline scores its own outputs
+    assert jobs[1]["reference"] == {} and lossless.user_attrs["verdict"]["logprob_drift"] is None
+    assert lossless.user_attrs["verdict"]["status"] == "ok"  # no evidence a lossless verdict needs is missing
+    assert jobs[2]["reference"] and lossy.user_attrs["verdict"]["logprob_drift"] == pytest.approx(0.08)
+    # Asked for (the correctness tests do): the lossless candidate scores too.
+    asked = dataclasses.replace(c, score_lossless=True)
+    ref = Reference([], {}, {"r1": {"token_ids": [1, 2]}})
+    ngram = Candidate({"method": "ngram", "num_speculative_tokens": 4})
+    assert trial_job(ngram, load_workload("examples/smoke.jsonl"), asked, ref)["reference"] == {"r1": [1, 2]}
 
 
 def test_duplicates_are_not_measured_twice_and_resume_continues(tmp_path, fake_engine_env):

@@ -114,3 +114,34 @@ def test_worker_timeout_ends_a_served_trials_server_in_its_own_session(tmp_path,
             os.killpg(server, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+PHASED = '''
+import time
+
+
+def run_job(job, phase):
+    phase("engine", {})
+    time.sleep(0.3)
+    phase("score", {"total": 1})
+    time.sleep(0.6)
+    return {"windows": []}
+'''
+
+
+def test_each_phase_event_carries_the_workers_clock_and_the_last_phase_ends(tmp_path, monkeypatch):
+    """events.jsonl says where a trial's time went: every event is stamped (seconds since the worker
+    started) and a "done" event closes the last phase (benchmarks/scoring_cost.py times the scoring
+    pass this way)."""
+    import json
+
+    (tmp_path / "phased.py").write_text(PHASED)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    job = {"engine_kwargs": {"model": "m"}, "requests": [], "replay": {"load": {"kind": "batch"}},
+           "engine_module": "phased"}
+    out = run_trial(job, tmp_path / "t", timeout_s=30, python=sys.executable)
+    assert out.failure is None, out.failure
+    events = [json.loads(x) for x in (tmp_path / "t" / "events.jsonl").read_text().splitlines()]
+    assert [e["phase"] for e in events] == ["engine", "score", "done"]
+    t = [e["t"] for e in events]
+    assert t == sorted(t) and 0.25 <= t[1] - t[0] < 3 and 0.5 <= t[2] - t[1] < 3, t

@@ -36,6 +36,10 @@ class StudyConfig:
     slos: tuple[SLO, ...] = ()  # constraints: a config that misses one is infeasible
     samples: int = 64  # draws per sampled request for the distribution test
     sample_tokens: int = 24  # tokens a draw: the first three form one outcome, the rest are counted (stats)
+    # Teacher-forced log-probs are a verdict's evidence only for a lossy config (its drift); a lossless
+    # one is judged by its tokens and draws, so it scores the baseline's paths only when asked (the
+    # tests do, to show speculation's drift is zero). The baseline always scores its own.
+    score_lossless: bool = False
     lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
     strategy: str = "predict"  # autotune.forecast.policy.STRATEGIES: how the next candidate is chosen
     remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)

@@ -79,7 +79,9 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: 
                            "instrument": cfg.instrument},
                 "engine_module": cfg.engine_module}
     if reference is not None:
-        job["reference"] = reference.paths()
+        # Only a lossy config's verdict reads log-probs (autotune.measure.validate): a lossless one
+        # skips the scoring pass (its empty reference scores nothing) unless cfg.score_lossless.
+        job["reference"] = reference.paths() if cand.lossy or cfg.score_lossless else {}
         # A lossy config's speculation cannot be judged against the baseline: its outputs move on
         # purpose, and its drift is scored in a prefill that verifies no draft. So the worker also
         # runs it without speculation, and speculation is held to the lossless rules against that

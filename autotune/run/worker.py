@@ -199,9 +199,10 @@ def main(argv: list[str]) -> int:
     job = json.loads(job_path.read_text())
     job["workdir"] = str(job_path.parent)  # where the engine may keep logs of its own (a served trial's server)
     events = open(events_path, "a", buffering=1)
+    t0 = time.monotonic()
 
-    def phase(name: str, data: dict[str, Any]) -> None:
-        events.write(json.dumps({"phase": name, **data}) + "\n")
+    def phase(name: str, data: dict[str, Any]) -> None:  # t: seconds since the worker started, where a trial's time goes
+        events.write(json.dumps({"phase": name, **data, "t": round(time.monotonic() - t0, 3)}) + "\n")
 
     try:
         import importlib
@@ -209,6 +210,7 @@ def main(argv: list[str]) -> int:
         # autotune.run.engine imports vLLM lazily; orchestration tests name a fake engine here.
         engine = importlib.import_module(job.get("engine_module", "autotune.run.engine"))
         result: dict[str, Any] = engine.run_job(job, phase)
+        phase("done", {})  # the last phase's end: the engine is shut down
     except BaseException as e:  # every failure becomes a reason string in the result file
         traceback.print_exc()
         result = {"error": failure_reason(e)}
