@@ -6,7 +6,9 @@ instance show (benchmarks/data/served_gap*.json). So this step:
 
 - serves the pick with ``serve.sh`` as written and the baseline through the same launcher
   (``confirm/baseline.sh``, built by the same ``serve_script``), in alternating rounds
-  (baseline, pick, baseline, pick, ...), a fresh server each round;
+  (baseline, pick, baseline, pick, ...), a fresh server each round, one after another: a server
+  starting beside the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
+  (benchmarks/data/confirm_overlap.json), so the starts (about 30 s each) are paid, not hidden;
 - measures each with ``vllm bench serve`` (run through ``python -m autotune.vllm_cli bench serve``,
   which also works on the CPU build) on the study's workload and load, each round's JSON kept;
 - reports the served speedup, median(pick tok/s) / median(baseline tok/s) over rounds with a 95%
