@@ -33,19 +33,11 @@ from autotune.core.workload import load_workload  # noqa: E402
 from autotune.gate import confirm as c  # noqa: E402
 from autotune.run import hardware  # noqa: E402
 from autotune.serve.bench_client import read_bench  # noqa: E402
-from autotune.serve.servers import HOST, free_port, run_client, serving  # noqa: E402
+from autotune.serve.servers import HOST, free_port, healthy, run_client, serving  # noqa: E402
 
 
 def _reset(url: str) -> None:
     urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30).read()
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def main() -> None:
@@ -58,11 +50,11 @@ def main() -> None:
     report = load_report(results)
     st = c._setup(results, report, load_workload(report["workload"]), warmups=c.DEFAULT_WARMUPS,
                   python=sys.executable)
-    env = {**os.environ, **st.env, "VLLM_SERVER_DEV_MODE": "1"}
+    env = {**st.env, "VLLM_SERVER_DEV_MODE": "1"}
     rows: list[dict[str, Any]] = []
     port = free_port()
     with serving(["bash", str(st.scripts["baseline"]), "--host", HOST, "--port", str(port)], port=port,
-                 log_path=st.out / "overlap-measured.log", env={**st.env, "VLLM_SERVER_DEV_MODE": "1"},
+                 log_path=st.out / "overlap-measured.log", env=env,
                  what="the measured server") as server:
         for i in range(args.rounds):
             for beside in ((False, True) if i % 2 == 0 else (True, False)):
@@ -70,16 +62,17 @@ def main() -> None:
                 other, t0 = None, time.time()
                 if beside:  # the next server starting, as an overlapped confirm would start it
                     p2 = free_port()
-                    log = open(st.out / f"overlap-starting-{i}.log", "w")
-                    other = subprocess.Popen(["bash", str(st.scripts["pick"]), "--host", HOST, "--port", str(p2)],
-                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                    with open(st.out / f"overlap-starting-{i}.log", "w") as log:  # the child keeps its own handle
+                        other = subprocess.Popen(["bash", str(st.scripts["pick"]), "--host", HOST, "--port", str(p2)],
+                                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                                 env={**os.environ, **env})
                 tag = f"overlap-{i}-{'beside' if beside else 'alone'}"
                 run_client([*st.client, "--base-url", server.base_url, "--save-result", "--result-dir", str(st.out),
                             "--result-filename", f"{tag}.json"], log_path=st.out / f"{tag}.bench.log")
                 run_s = time.time() - t0
-                ready_s = None
+                ready = False
                 if other is not None:
-                    ready_s = run_s if _healthy(p2) else None
+                    ready = healthy(f"http://{HOST}:{p2}/health")
                     os.killpg(other.pid, signal.SIGTERM)
                     try:
                         other.wait(30)
@@ -88,7 +81,7 @@ def main() -> None:
                     time.sleep(3)  # its processes gone before the next run
                 d = read_bench(st.out / f"{tag}.json", expected=len(st.plan.rows))
                 rows.append({"round": i, "beside": beside, "output_tok_s": float(d["output_throughput"]),
-                             "run_s": round(run_s, 1), "other_ready_by_end": ready_s is not None})
+                             "run_s": round(run_s, 1), "other_ready_by_end": ready})
                 print(f"round {i + 1} {'with a server starting' if beside else 'alone':<22}: "
                       f"{rows[-1]['output_tok_s']:7.1f} tok/s, run {run_s:5.1f} s", flush=True)
     alone = [r["output_tok_s"] for r in rows if not r["beside"]]

@@ -53,11 +53,9 @@ def _run(argv: list[str], *, log: Path, cap_s: float | None, stop_sig: int) -> d
     t0 = time.time()
     with log.open("w") as out:
         p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-        capped = False
         while p.poll() is None:
             time.sleep(2)
-            if cap_s is not None and time.time() - t0 > cap_s and not capped:
-                capped = True
+            if cap_s is not None and time.time() - t0 > cap_s:
                 wall = time.time() - t0
                 print(f"  cap reached at {wall:.0f} s: stopping", flush=True)
                 if stop_sig == signal.SIGKILL:
