@@ -49,6 +49,7 @@ class SearchOptions:
     past_edge: bool = True
     prune: bool = True
     schedule: bool = True
+    launcher: bool = True
     study: str | None = None
     storage: str | None = None
     results: Path = Path("results")
@@ -159,7 +160,8 @@ def prepare(o: SearchOptions) -> Prepared:
                       max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
                       trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
                       lossy_min_gain=o.lossy_min_gain,
-                      strategy=o.strategy, remeasure=o.remeasure, pairs=o.pairs, past_edge=o.past_edge, prune=o.prune, schedule=o.schedule, instrument=o.instrument,
+                      strategy=o.strategy, remeasure=o.remeasure, pairs=o.pairs, past_edge=o.past_edge, prune=o.prune, schedule=o.schedule, launcher=o.launcher,
+                      instrument=o.instrument,
                       tolerances=Tolerances(lossless=o.lossless_tolerance, max_drift=o.max_drift,
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),

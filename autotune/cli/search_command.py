@@ -65,6 +65,10 @@ def search(
                                            "levels (--levels, or METRIC@LEVEL objectives): measure the pick's "
                                            "method at each level's best depth and then a depth per batch size "
                                            "(on top of --trials).")] = True,
+    launcher: Annotated[bool, typer.Option("--launcher/--no-launcher", help="Fork each trial's worker and "
+                                           "its vllm serve from one process that has imported vLLM, instead "
+                                           "of starting each fresh (same processes and arguments; a start of "
+                                           "seconds instead of tens).")] = True,
     study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
                                                    envvar="AUTOTUNE_STORAGE")] = None,
@@ -145,6 +149,7 @@ def search(
                          eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
                          turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
                          strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, pairs=pairs, past_edge=past_edge, prune=prune, schedule=schedule,
+                         launcher=launcher,
                          instrument=_instrument(instrument),
                          study=study, storage=storage, results=results, objectives=objectives,
                          concurrency=concurrency, load=load, levels=levels, repeats=repeats, max_repeats=max_repeats, slo=slo,

@@ -18,6 +18,7 @@ builds it. No vLLM import at module level.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.run.launcher import Launched, launch
 from autotune.serve.export import serve_argv
 from autotune.serve.servers import HOST, end_pgid, free_port, healthy, tail
 
@@ -110,7 +112,7 @@ class ServedEngine:
     ready_timeout_s: float = READY_TIMEOUT_S
     python: str = sys.executable
     port: int = 0
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | Launched | None = None
     vllm_config: Any = None  # as `vllm serve` builds it from the same arguments
     _tok: Any = None
     _session: Any = None
@@ -135,14 +137,14 @@ class ServedEngine:
         """Start the server, resolve its config meanwhile, wait until healthy; the seconds it took."""
         self.port = self.port or free_port()
         t0 = time.perf_counter()
-        log = open(self.log_path, "w")
+        self.log_path.write_text("")
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
         # A session of its own, as `vllm serve` runs for users and in `autotune confirm`: Linux
         # schedules sessions as groups (autogroup), and on few cores the server's own group
         # changes how its API process keeps up with the engine (benchmarks/served_gap.py). Its
-        # process group is written beside the log, so the parent ends it with the worker's.
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+        # process group is written beside the log, so the parent ends it with the worker's. Forked
+        # by the study's launcher when one runs (autotune.run.launcher: no vLLM import), else Popen.
+        self.proc = launch(self.argv(), env=env, log_path=self.log_path)
         self.log_path.with_name(SERVER_PGID).write_text(str(self.proc.pid))
         self.vllm_config = await asyncio.to_thread(self._resolve)
         while not healthy(f"{self.base_url}/health"):
@@ -154,6 +156,10 @@ class ServedEngine:
             await asyncio.sleep(0.25)
         import aiohttp
 
+        # The client shares a core with the API server and the engine core: its collections must not
+        # walk what it imported (vLLM, torch), fresh or forked by the launcher (which froze it).
+        gc.collect()
+        gc.freeze()
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
                                               connector=aiohttp.TCPConnector(limit=0))
         return time.perf_counter() - t0

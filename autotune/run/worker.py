@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.records import Job, RawRun
+from autotune.run.launcher import Launched, launch
 
 OnEvent = Callable[[dict[str, Any]], None]
 WORKER_LOG = "worker.log"  # the worker's stdout and stderr, in its trial folder
@@ -70,7 +71,7 @@ def _tail(path: Path, n: int = 12) -> str:
     return tail(path, n)
 
 
-def _end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+def _end_group(proc: subprocess.Popen | Launched, grace_s: float = 10.0) -> None:
     """End the worker's whole process group, its engine core included (autotune.serve.servers.end_pgid):
     a caller that looks right after finds nothing of the group left. A worker that has exited has
     written its result: what is left of its group (an engine core) gets SIGKILL at once, not a grace."""
@@ -123,27 +124,27 @@ def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent
         p.unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([python, "-m", "autotune.run.worker", str(job_path), str(result_path), str(events_path)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, **(env or {})})
-        seen, failure = 0, None
-        try:
-            while proc.poll() is None:
-                if stop is not None and stop.is_set():
-                    raise KeyboardInterrupt
-                seen = _pump(events_path, seen, on_event)
-                if prune is not None and prune.is_set():
-                    failure = PRUNED
-                    break
-                if time.monotonic() - t0 > timeout_s:
-                    failure = f"timeout: no result after {timeout_s:.0f}s (worker ended)"
-                    break
-                time.sleep(0.2)
-        finally:  # also on KeyboardInterrupt: never leave an engine behind
-            _end_group(proc)
-            _end_server(workdir)
-        _pump(events_path, seen, on_event)
+    log_path.write_text("")
+    # forked by the study's launcher when one runs (vLLM already imported), else a fresh Popen
+    proc = launch([python, "-m", "autotune.run.worker", str(job_path), str(result_path), str(events_path)],
+                  env={**os.environ, **(env or {})}, log_path=log_path)
+    seen, failure = 0, None
+    try:
+        while proc.poll() is None:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            seen = _pump(events_path, seen, on_event)
+            if prune is not None and prune.is_set():
+                failure = PRUNED
+                break
+            if time.monotonic() - t0 > timeout_s:
+                failure = f"timeout: no result after {timeout_s:.0f}s (worker ended)"
+                break
+            time.sleep(0.2)
+    finally:  # also on KeyboardInterrupt: never leave an engine behind
+        _end_group(proc)
+        _end_server(workdir)
+    _pump(events_path, seen, on_event)
     wall = time.monotonic() - t0
     if failure is None and result_path.exists():
         result = json.loads(result_path.read_text())

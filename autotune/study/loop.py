@@ -30,6 +30,7 @@ from autotune.study.trials import waiting, SCHEDULE_KEY, baseline_trial, counts,
 from autotune.study.strategy import needs_trace, plan, trace_draft
 from autotune.study.storage import dead_here, has_heartbeat, worker_id
 from autotune.core.workload import Workload
+from autotune.run import launcher
 
 from autotune.study.opening import describe, open_study, queue_first
 from autotune.study.record import duplicate_of, frozen, mark_interrupted, run_one
@@ -91,10 +92,11 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
                        "pass --resume to continue it (or to join its workers) or choose another --study name")
     describe(study, cfg, workload, space)
     queue_first(study, space, enqueue, deployed)
-    if len(worker_envs) == 1:
-        _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None)
-    else:
-        _threads(study, cfg, workload, space, progress, worker_envs)
+    with launcher.active(cfg.launcher):  # vLLM imported once for every trial's worker and server
+        if len(worker_envs) == 1:
+            _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None)
+        else:
+            _threads(study, cfg, workload, space, progress, worker_envs)
     return study
 
 

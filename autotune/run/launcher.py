@@ -1,0 +1,230 @@
+"""Pay vLLM's import once a study: trial workers and their `vllm serve` forked from one warm process.
+
+Why (issue 28, benchmarks/engine_start.py, serve_timeline.txt): of a served trial's ~30 s start on
+2 cores, ~27 s were three Python processes each importing vLLM (the API server; the engine core and
+the CPU worker, which vLLM's CPU platform starts with ``spawn``), plus the trial worker's own import
+beside them. The launcher is a process that imports the serve stack once and then forks, on
+request, (a) trial workers (``autotune.run.worker``) and (b) their `vllm serve` (``autotune.vllm_cli``).
+A forked server is told to start its engine core and CPU worker with ``fork`` too
+(``VLLM_WORKER_MULTIPROC_METHOD=fork``, vLLM's own setting and its default off `vllm serve`), so
+none of the three imports vLLM again (autotune.run.launcher_process). The processes, their
+arguments, allocator, OpenMP binding and IPC are those of `vllm serve`; only how each process came
+to exist differs. benchmarks/launcher_start.py (served trials of the demo, launched and fresh
+alternating, 8 pairs; benchmarks/data/launcher_start.json): start to healthy 2.1 s against 35.0 s
+(medians), tok/s launched over fresh 1.01 (0.79-1.26, inside the fresh instances' own 1.39-1.58x
+spread), the same greedy outputs. `autotune confirm` still runs the exported command as users do.
+
+Each child runs in a session of its own with its log on stdout/stderr, as ``subprocess.Popen(...,
+start_new_session=True)`` would; the caller holds a ``Launched`` handle with Popen's ``pid``,
+``poll``, ``wait`` and ``returncode`` (the launcher reaps its children and leaves each exit status
+in a file). Anything the launcher cannot take exactly as Popen would run it (another interpreter, an
+environment that differs in what a warm process has already read, the launcher gone) is started
+with Popen, and the reason is printed once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ENV_KEY = "AUTOTUNE_LAUNCHER"  # the launcher's socket, for run_trial and the worker's served engine
+WORKER, SERVE = "autotune.run.worker", "autotune.vllm_cli"
+ENTRIES = {WORKER: "main", SERVE: "main"}  # module run with ``python -m`` -> its main(argv)
+# What the warm process imports: the serve stack (API server, engine core, CPU/GPU workers) and the
+# trial worker's own (config resolution, tokenizer, HTTP client). Names, not imports: the vLLM
+# contract of the house keeps vLLM imports to the engine modules.
+PRELOAD = ("autotune.vllm_cli", "autotune.run.worker", "autotune.run.engine", "autotune.run.served_engine",
+           "vllm.entrypoints.cli.serve", "vllm.entrypoints.openai.api_server", "vllm.engine.arg_utils",
+           "vllm.v1.engine.async_llm", "vllm.v1.engine.core", "vllm.v1.executor.multiproc_executor",
+           "vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner", "transformers", "aiohttp",
+           "prometheus_client.parser")
+# Variables a warm process has not read yet, so a child may set them: vLLM reads its VLLM_* lazily
+# (vllm.envs), except its logging set, which vllm.logger reads on import; device sets are read when
+# a device is first touched, after the fork.
+_MAY_DIFFER = re.compile(r"^(VLLM_(?!LOGGING|CONFIGURE_LOGGING)\w+|\w+_VISIBLE_DEVICES|ZE_AFFINITY_MASK|"
+                         r"AUTOTUNE_\w+)$")
+START_TIMEOUT_S = 300.0
+PRELOAD_WAS = "AUTOTUNE_LAUNCHER_LD_PRELOAD_WAS"  # the requesters' LD_PRELOAD, when the launcher's differs
+_said: set[str] = set()
+
+
+def _say_once(why: str) -> None:
+    if why not in _said:
+        _said.add(why)
+        print(f"autotune: starting a process without the launcher: {why}", file=sys.stderr, flush=True)
+
+
+class Launched:
+    """A process the launcher forked: Popen's ``pid`` (also its process group), ``poll``, ``wait``."""
+
+    def __init__(self, pid: int, status_path: Path) -> None:
+        self.pid = pid
+        self.status_path = status_path
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = int(self.status_path.read_text())
+            except (OSError, ValueError):
+                if not _exists(self.pid):  # the launcher died before it could reap it
+                    time.sleep(0.2)  # it writes the status before reaping: one more look
+                    try:
+                        self.returncode = int(self.status_path.read_text())
+                    except (OSError, ValueError):
+                        self.returncode = -int(signal.SIGKILL)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.05)
+        return self.returncode  # type: ignore[return-value]
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _entry(argv: list[str]) -> str | None:
+    """The module of ``[python, "-m", module, ...]`` when the launcher can run it, else None."""
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2] in ENTRIES:
+        return argv[2]
+    return None
+
+
+def refusal(argv: list[str], env: dict[str, str], before: dict[str, str], after: dict[str, str],
+             python: str) -> str | None:
+    """Why the launcher cannot run ``argv`` with ``env`` as a fresh process would run, or None.
+
+    ``before``/``after``: the launcher's environment before and after its imports (a process it
+    forked, asking for a process of its own, passes on what the imports set)."""
+    if os.path.realpath(argv[0]) != os.path.realpath(python):
+        return f"another interpreter ({argv[0]})"
+    differ = sorted(k for k in set(env) | set(before)
+                    if env.get(k) != before.get(k) and env.get(k) != after.get(k) and not _MAY_DIFFER.match(k))
+    if differ:
+        return f"environment differs from the launcher's in {', '.join(differ[:5])}"
+    return None
+
+
+def launch(argv: list[str], *, env: dict[str, str], log_path: Path) -> Launched | subprocess.Popen:
+    """Start ``argv`` in a session of its own, stdout and stderr to ``log_path`` (appended to), with
+    exactly ``env``: forked by the launcher when one is active (``ENV_KEY``) and can run it, else Popen."""
+    sock_path = os.environ.get(ENV_KEY)
+    module = _entry(argv)
+    if sock_path and module:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(60)
+                s.connect(sock_path)
+                s.sendall(json.dumps({"module": module, "args": argv[3:], "env": env, "cwd": os.getcwd(),
+                                      "log": str(log_path), "python": argv[0]}).encode() + b"\n")
+                reply = json.loads(read_line(s))
+            if "pid" in reply:
+                return Launched(int(reply["pid"]), Path(reply["status"]))
+            _say_once(reply.get("refused", "the launcher refused"))
+        except (OSError, ValueError) as e:
+            _say_once(f"the launcher did not answer ({type(e).__name__}: {e})")
+    log = open(log_path, "a")
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env)
+    finally:
+        log.close()
+
+
+def read_line(s: socket.socket) -> bytes:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+@contextlib.contextmanager
+def active(enabled: bool = True, python: str = sys.executable) -> Iterator[str | None]:
+    """Run a launcher for the duration (``ENV_KEY`` set in this process's environment, so that trial
+    workers and their servers are forked by it); yields its socket path, or None when not enabled,
+    already active, or it could not start (then everything starts with Popen, as before)."""
+    if not enabled or os.environ.get(ENV_KEY):
+        yield None
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="autotune-launcher-"))
+    sock_path = str(tmp / "sock")
+    log = open(tmp / "launcher.log", "w")
+    env = dict(os.environ)
+    preload = _cpu_preload()
+    if preload:  # loaded from its start, as in the engine processes vLLM spawns; the requesters' own value kept
+        env.update({"LD_PRELOAD": preload, PRELOAD_WAS: os.environ.get("LD_PRELOAD", "")})
+    proc = subprocess.Popen([python, "-m", "autotune.run.launcher_process", sock_path], stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    t0 = time.monotonic()
+    while not os.path.exists(sock_path) and proc.poll() is None and time.monotonic() - t0 < START_TIMEOUT_S:
+        time.sleep(0.1)
+    if not os.path.exists(sock_path):
+        _say_once(f"the launcher did not start (log {tmp / 'launcher.log'})")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+        yield None
+        return
+    os.environ[ENV_KEY] = sock_path
+    try:
+        yield sock_path
+    finally:
+        os.environ.pop(ENV_KEY, None)
+        proc.terminate()  # its children are in sessions of their own: their owners end them
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)  # the socket and the exit statuses: their owners are done
+
+
+def _cpu_preload() -> str | None:
+    """The LD_PRELOAD vLLM's CPU platform gives the engine core and CPU worker it spawns (its bundled
+    tcmalloc and PyTorch's libgomp, vllm/platforms/cpu.py check_and_update_config), or None off the
+    CPU build or where LD_PRELOAD already names an allocator or OpenMP of the user's choosing."""
+    import glob
+    import importlib.util
+
+    from autotune.run import hardware
+
+    have = os.environ.get("LD_PRELOAD", "")
+    if hardware.detect() != "cpu" or any(x in have for x in ("libomp", "libgomp", "libiomp", "libtcmalloc")):
+        return None
+    torch_spec, vllm_spec = importlib.util.find_spec("torch"), importlib.util.find_spec("vllm")
+    if torch_spec is None or vllm_spec is None or not torch_spec.origin or not vllm_spec.origin:
+        return None
+    torch_pkg = os.path.dirname(torch_spec.origin)
+    gomp = [*glob.glob(os.path.join(os.path.dirname(torch_pkg), "torch.libs", "libgomp*.so*")),
+            *glob.glob(os.path.join(torch_pkg, "lib", "libgomp*.so*"))]
+    libs = os.path.join(os.path.dirname(vllm_spec.origin), "libs")
+    tcmalloc = [*glob.glob(os.path.join(libs, "libtcmalloc_minimal*.so*")), *glob.glob(os.path.join(libs, "libtcmalloc.so*"))]
+    parts = [*tcmalloc[:1], *([have] if have else []), *gomp[:1]]
+    return ":".join(parts) if gomp or tcmalloc else None

@@ -1,0 +1,100 @@
+"""Benchmark: the demo's wall time with the launcher and without it, in one run (not a test).
+
+Runs the demo's own command (what scripts/demo.sh runs after its setup: ``autotune search
+examples/json_edit.jsonl --space quick --trials 8 --study demo --confirm``) with ``--no-launcher``
+(every trial a fresh worker and a fresh `vllm serve`, as before) and as it is now (the launcher:
+autotune.run.launcher), alternating run by run, each into a fresh results folder. For each run:
+the whole wall, the study's part and confirm's (confirm starts when the study's report is
+written), every trial's ``engine_init_s`` and wall (trials.csv), the pick, its claimed and
+served speedup. Both arms in one run, because this machine's speed drifts between sessions by more
+than the saving (the demo's baseline served 143-416 tok/s across earlier runs).
+
+    .venv/bin/python benchmarks/demo_time.py [--pairs 1] [--out benchmarks/data/demo_time.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autotune.run import hardware  # noqa: E402
+
+COMMAND = ["search", "examples/json_edit.jsonl", "--space", "quick", "--trials", "8", "--study", "demo", "--confirm"]
+
+
+def run_once(n: int, arm: str, root: Path) -> dict[str, Any]:
+    out = root / f"{n}-{arm}"
+    cmd = [str(ROOT / ".venv/bin/autotune"), *COMMAND, "--results", str(out),
+           *(["--no-launcher"] if arm == "fresh" else [])]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.time() - t0
+    (root / f"{n}-{arm}.log").write_text(proc.stdout + proc.stderr)
+    study = out / "demo"
+    best_path = study / "best.json"
+    if proc.returncode != 0 or not best_path.exists():
+        return {"run": n, "arm": arm, "wall_s": round(wall, 1),
+                "failure": f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}"}
+    best = json.loads(best_path.read_text())
+    # confirm starts once the study's report is written and ends with the served figures in best.json
+    report = study / "report.md"
+    study_s = report.stat().st_mtime - t0 if report.exists() else None
+    rows = list(csv.DictReader(open(study / "trials.csv")))
+    init = [float(r["engine_init_s"]) for r in rows if r.get("engine_init_s")]
+    b, sv = best.get("best") or {}, (best.get("best") or {}).get("served") or {}
+    return {"run": n, "arm": arm, "wall_s": round(wall, 1),
+            "study_s": round(study_s, 1) if study_s is not None else None,
+            "confirm_s": round(wall - study_s, 1) if study_s is not None else None,
+            "trials": len(rows), "engine_init_s": [round(x, 1) for x in init],
+            "trial_wall_s": [round(float(r["wall_s"]), 1) for r in rows if r.get("wall_s")],
+            "pick": b.get("label"), "claimed": (b.get("speedup") or {}).get("output_tok_s"),
+            "served": sv.get("speedup"), "served_lo": sv.get("speedup_lo"), "served_hi": sv.get("speedup_hi"),
+            "baseline_tok_s": ((best.get("baseline") or {}).get("measurement") or {}).get("output_tok_s"),
+            "log": f"{n}-{arm}.log", "folder": str(out)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=1)
+    ap.add_argument("--results", type=Path, default=None, help="default: a fresh temporary folder")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/data/demo_time.json"))
+    args = ap.parse_args()
+    root = args.results or Path(tempfile.mkdtemp(prefix="demo-time-"))
+    root.mkdir(parents=True, exist_ok=True)
+    order = [arm for i in range(args.pairs) for arm in (("fresh", "launched") if i % 2 == 0 else ("launched", "fresh"))]
+    runs = []
+    for n, arm in enumerate(order):
+        runs.append(run_once(n, arm, root))
+        r = runs[-1]
+        print(json.dumps({k: v for k, v in r.items() if k not in ("trial_wall_s",)}), flush=True)
+    ok = {arm: [r for r in runs if r["arm"] == arm and "failure" not in r] for arm in ("fresh", "launched")}
+    summary: dict[str, Any] = {}
+    if ok["fresh"] and ok["launched"]:
+        med = {a: statistics.median(r["wall_s"] for r in v) for a, v in ok.items()}
+        summary = {"wall_s_median": med, "wall_ratio_launched_over_fresh": round(med["launched"] / med["fresh"], 3),
+                   "study_s_median": {a: statistics.median(r["study_s"] for r in v) for a, v in ok.items()},
+                   "confirm_s_median": {a: statistics.median(r["confirm_s"] for r in v) for a, v in ok.items()},
+                   # every trial after each run's first (the baseline, whose worker starts the launcher's first fork)
+                   "engine_init_s_after_first": {a: [x for r in v for x in r["engine_init_s"][1:]] for a, v in ok.items()}}
+        after = summary["engine_init_s_after_first"]
+        summary["engine_init_s_after_first_max"] = {a: max(v) for a, v in after.items() if v}
+        summary["engine_init_s_after_first_median"] = {a: statistics.median(v) for a, v in after.items() if v}
+    print(json.dumps(summary, indent=1))
+    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),
+                                          "command": ["autotune", *COMMAND], "order": order, "runs": runs,
+                                          "summary": summary, "folder": str(root)}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
