@@ -49,6 +49,18 @@ def test_trials_speculation_lossless_and_crash_recorded(study_dir):
         frame.loc[3, "failure"]
 
 
+def test_every_trial_and_its_server_were_forked_by_the_launcher(study_dir):
+    """--launcher (the CLI's default): each trial's worker and its `vllm serve` were forked from the
+    process that imported vLLM once (autotune.run.launcher), none started fresh for want of it."""
+    results = sorted((study_dir / "trials").glob("*/result.json"))
+    ran = [json.loads(r.read_text()) for r in results]
+    ran = [r for r in ran if "error" not in r]  # the fp8 candidate vLLM refuses
+    assert len(ran) >= 5, results  # baseline, ngram, draft_model and the re-measures
+    assert all(r["started"] == {"worker": "forked", "server": "forked"} for r in ran), [r["started"] for r in ran]
+    logs = " ".join(p.read_text() for p in (study_dir / "trials").glob("*/worker.log"))
+    assert "without the launcher" not in logs
+
+
 def test_the_pick_and_the_baseline_are_measured_again_on_fresh_engines(study_dir):
     """Between-instance spread in the study: after the budget, the pick and the baseline run once
     more, each on a fresh engine, and the pick's record pools both engines' windows."""

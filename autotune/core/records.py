@@ -90,6 +90,8 @@ class RawRun(TypedDict):
     unspeculated: NotRequired[dict[str, Any]]
     vllm_version: str
     load: dict[str, Any]
+    # how the worker and its server came to exist: "forked" (the study's launcher) or "fresh"
+    started: NotRequired[dict[str, str]]
 
 
 # A measurement (autotune.measure.metrics.measure_run) is a flat dict: metric name -> value, with

@@ -172,7 +172,13 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         ran = engine.speculation()
     finally:
         await engine.shutdown()
-    return {"engine_init_s": init_s, "warmup_s": warm_s, "windows": windows, "levels": levels,
+    from autotune.run import launcher
+
+    # how this trial's processes came to exist: forked by the study's launcher, or started fresh
+    started = {"worker": "forked" if launcher.FORKED else "fresh",
+               "server": "forked" if isinstance(getattr(engine, "proc", None), launcher.Launched)
+               else ("fresh" if hasattr(engine, "proc") else "none (in the worker)")}
+    return {"engine_init_s": init_s, "started": started, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
             "speculative_config": ran, "instrument": replay.get("instrument", "inprocess")}
 

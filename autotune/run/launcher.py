@@ -40,6 +40,8 @@ from pathlib import Path
 
 ENV_KEY = "AUTOTUNE_LAUNCHER"  # the launcher's socket, for run_trial and the worker's served engine
 WORKER, SERVE = "autotune.run.worker", "autotune.vllm_cli"
+REAL_ENGINE = "autotune.run.engine"  # the engine module whose imports the launcher holds
+FORKED = False  # set in a process the launcher forked (autotune.run.launcher_process)
 ENTRIES = {WORKER: "main", SERVE: "main"}  # module run with ``python -m`` -> its main(argv)
 # What the warm process imports: the serve stack (API server, engine core, CPU/GPU workers) and the
 # trial worker's own (config resolution, tokenizer, HTTP client). Names, not imports: the vLLM

@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autotune.run import launcher
 from autotune.run.launcher import PRELOAD_WAS, ENTRIES, PRELOAD, SERVE, read_line, refusal
 
 
@@ -108,6 +109,7 @@ def _child(req: dict[str, Any], listener: socket.socket) -> None:
         os.environ.update(req["env"])
         # the inherited heap stays frozen (gc.freeze above), as vLLM freezes its processes' after start
         module = req["module"]
+        launcher.FORKED = True
         sys.argv = [module, *req["args"]]
         if module == SERVE:
             _fork_engine_processes()

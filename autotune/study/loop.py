@@ -92,7 +92,9 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
                        "pass --resume to continue it (or to join its workers) or choose another --study name")
     describe(study, cfg, workload, space)
     queue_first(study, space, enqueue, deployed)
-    with launcher.active(cfg.launcher):  # vLLM imported once for every trial's worker and server
+    # vLLM imported once for every trial's worker and server; it preloads the real engine's imports,
+    # so a study of another engine module (the tests' fake one) is not worth its start
+    with launcher.active(cfg.launcher and cfg.engine_module == launcher.REAL_ENGINE):
         if len(worker_envs) == 1:
             _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None)
         else:
