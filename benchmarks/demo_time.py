@@ -33,6 +33,28 @@ from autotune.run import hardware  # noqa: E402
 COMMAND = ["search", "examples/json_edit.jsonl", "--space", "quick", "--trials", "8", "--study", "demo", "--confirm"]
 
 
+def study_seconds(study: Path, t0: float) -> float | None:
+    """Seconds from ``t0`` to confirm's start: the first file confirm writes (its scripts)."""
+    made = [f.stat().st_mtime for f in (study / "confirm").rglob("*") if f.is_file()]
+    return min(made) - t0 if made else None
+
+
+def recount(path: Path) -> None:
+    """Recompute each run's study/confirm split in a saved output (a run's start: its log's time,
+    written when the run ended, less its wall)."""
+    data = json.loads(path.read_text())
+    root = Path(data["folder"])
+    for r in data["runs"]:
+        if "failure" in r:
+            continue
+        t0 = (root / r["log"]).stat().st_mtime - r["wall_s"]
+        s = study_seconds(Path(r["folder"]) / "demo", t0)
+        r["study_s"], r["confirm_s"] = round(s, 1), round(r["wall_s"] - s, 1)
+    data["summary"] = summarize(data["runs"])
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(json.dumps(data["summary"], indent=1))
+
+
 def run_once(n: int, arm: str, root: Path) -> dict[str, Any]:
     out = root / f"{n}-{arm}"
     cmd = [str(ROOT / ".venv/bin/autotune"), *COMMAND, "--results", str(out),
@@ -47,9 +69,7 @@ def run_once(n: int, arm: str, root: Path) -> dict[str, Any]:
         return {"run": n, "arm": arm, "wall_s": round(wall, 1),
                 "failure": f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}"}
     best = json.loads(best_path.read_text())
-    # confirm starts once the study's report is written and ends with the served figures in best.json
-    report = study / "report.md"
-    study_s = report.stat().st_mtime - t0 if report.exists() else None
+    study_s = study_seconds(study, t0)
     rows = list(csv.DictReader(open(study / "trials.csv")))
     init = [float(r["engine_init_s"]) for r in rows if r.get("engine_init_s")]
     b, sv = best.get("best") or {}, (best.get("best") or {}).get("served") or {}
@@ -69,7 +89,11 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--results", type=Path, default=None, help="default: a fresh temporary folder")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/data/demo_time.json"))
+    ap.add_argument("--recount", action="store_true", help="recompute the study/confirm split of the saved --out")
     args = ap.parse_args()
+    if args.recount:
+        recount(Path(args.out))
+        return
     root = args.results or Path(tempfile.mkdtemp(prefix="demo-time-"))
     root.mkdir(parents=True, exist_ok=True)
     order = [arm for i in range(args.pairs) for arm in (("fresh", "launched") if i % 2 == 0 else ("launched", "fresh"))]
@@ -78,6 +102,14 @@ def main() -> None:
         runs.append(run_once(n, arm, root))
         r = runs[-1]
         print(json.dumps({k: v for k, v in r.items() if k not in ("trial_wall_s",)}), flush=True)
+    summary = summarize(runs)
+    print(json.dumps(summary, indent=1))
+    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),
+                                          "command": ["autotune", *COMMAND], "order": order, "runs": runs,
+                                          "summary": summary, "folder": str(root)}, indent=1) + "\n")
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = {arm: [r for r in runs if r["arm"] == arm and "failure" not in r] for arm in ("fresh", "launched")}
     summary: dict[str, Any] = {}
     if ok["fresh"] and ok["launched"]:
@@ -90,10 +122,7 @@ def main() -> None:
         after = summary["engine_init_s_after_first"]
         summary["engine_init_s_after_first_max"] = {a: max(v) for a, v in after.items() if v}
         summary["engine_init_s_after_first_median"] = {a: statistics.median(v) for a, v in after.items() if v}
-    print(json.dumps(summary, indent=1))
-    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),
-                                          "command": ["autotune", *COMMAND], "order": order, "runs": runs,
-                                          "summary": summary, "folder": str(root)}, indent=1) + "\n")
+    return summary
 
 
 if __name__ == "__main__":
