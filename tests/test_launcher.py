@@ -190,3 +190,17 @@ def test_a_forked_cpu_worker_takes_the_binding_vllm_set_for_its_start(form):
         assert (cores, threads) == (f"[{core}]", "1")
     else:  # nothing it could apply exactly: left as the process was (vLLM keeps spawn there)
         assert cores == str(sorted(os.sched_getaffinity(0)))
+
+
+def test_a_bad_request_leaves_the_launcher_serving_the_next(jobs):
+    import socket
+
+    with launcher.active() as sock:
+        for junk in (b"not json\n", b'{"module": "os", "args": [], "env": {}}\n', b""):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(sock)
+                s.sendall(junk)
+                s.shutdown(socket.SHUT_WR)
+                s.recv(1000)
+        out = run_trial(_job("who"), jobs / "t", timeout_s=60)
+        assert out.failure is None and out.raw["ppid"] == _launcher_pid(sock), out.failure

@@ -115,7 +115,7 @@ def _entry(argv: list[str]) -> str | None:
 
 
 def refusal(argv: list[str], env: dict[str, str], before: dict[str, str], after: dict[str, str],
-             python: str) -> str | None:
+            python: str) -> str | None:
     """Why the launcher cannot run ``argv`` with ``env`` as a fresh process would run, or None.
 
     ``before``/``after``: the launcher's environment before and after its imports (a process it

@@ -175,23 +175,32 @@ def serve_forever(sock_path: str) -> None:
             conn, _ = listener.accept()
         except TimeoutError:
             continue
-        with conn:
-            conn.settimeout(30)
-            req = json.loads(read_line(conn))
-            why = refusal([req.get("python", ""), "-m", req["module"]], req["env"], own_env, dict(os.environ),
-                           sys.executable)
-            if req["module"] not in ENTRIES:
-                why = f"not a launcher entry: {req['module']}"
-            if why:
-                conn.sendall(json.dumps({"refused": why}).encode() + b"\n")
-                continue
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                conn.close()
-                _child({**req, "env": {**req["env"], **imported_env}}, listener)
-            conn.sendall(json.dumps({"pid": pid, "status": str(status_dir / f"{pid}.exit")}).encode() + b"\n")
+        try:
+            _answer(conn, listener, own_env, imported_env, status_dir)
+        except Exception as e:  # one bad or vanished requester (it starts fresh): the launcher goes on
+            print(f"launcher: a request failed: {type(e).__name__}: {e}", flush=True)
+
+
+def _answer(conn: socket.socket, listener: socket.socket, own_env: dict[str, str], imported_env: dict[str, str],
+            status_dir: Path) -> None:
+    """Read one request and fork its process (or say why not)."""
+    with conn:
+        conn.settimeout(30)
+        req = json.loads(read_line(conn))
+        why = refusal([req.get("python", ""), "-m", req["module"]], req["env"], own_env, dict(os.environ),
+                       sys.executable)
+        if req["module"] not in ENTRIES:
+            why = f"not a launcher entry: {req['module']}"
+        if why:
+            conn.sendall(json.dumps({"refused": why}).encode() + b"\n")
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _child({**req, "env": {**req["env"], **imported_env}}, listener)
+        conn.sendall(json.dumps({"pid": pid, "status": str(status_dir / f"{pid}.exit")}).encode() + b"\n")
 
 
 if __name__ == "__main__":
