@@ -48,7 +48,7 @@ class StudyConfig:
     pairs: int = 1  # rounds of fresh engines at most, added while the pick's paired interval straddles the tie band
     schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.study.schedule; the CLI: on)
     # Fork each trial's worker and its `vllm serve` from one process that imported vLLM once
-    # (autotune.run.launcher; a served start 3-5 s instead of ~30, benchmarks/launcher_start.py; the CLI: on)
+    # (autotune.run.launcher; a served start of ~2 s instead of ~35, benchmarks/data/launcher_start.json; the CLI: on)
     launcher: bool = False
     engine_module: str = "autotune.run.engine"  # tests swap in a fake engine, named as such
     # How a trial is measured (autotune.cli.app.Instrument): "served", the exported `vllm serve` over

@@ -27,7 +27,6 @@ from autotune.run import launcher
 from autotune.run.launcher import PRELOAD_WAS, ENTRIES, PRELOAD, SERVE, read_line, refusal
 
 
-
 def _fork_engine_processes() -> None:
     """In a forked `vllm serve`: start the engine core and its worker with fork too, set up as spawned.
 
@@ -161,7 +160,8 @@ def serve_forever(sock_path: str) -> None:
     gc.freeze()  # what every child inherits stays out of its collections (and its pages shared)
     # What the imports (and the preload) did to the environment (vLLM sets a few variables when
     # imported): a child gets them on top of its requested environment, as a fresh process would.
-    imported_env = {k: v for k, v in os.environ.items() if own_env.get(k) != v}
+    after_env = dict(os.environ)  # the launcher's environment does not change from here on
+    imported_env = {k: v for k, v in after_env.items() if own_env.get(k) != v}
     status_dir = Path(sock_path).parent
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path + ".tmp")
@@ -176,19 +176,18 @@ def serve_forever(sock_path: str) -> None:
         except TimeoutError:
             continue
         try:
-            _answer(conn, listener, own_env, imported_env, status_dir)
+            _answer(conn, listener, own_env, after_env, imported_env, status_dir)
         except Exception as e:  # one bad or vanished requester (it starts fresh): the launcher goes on
             print(f"launcher: a request failed: {type(e).__name__}: {e}", flush=True)
 
 
-def _answer(conn: socket.socket, listener: socket.socket, own_env: dict[str, str], imported_env: dict[str, str],
-            status_dir: Path) -> None:
+def _answer(conn: socket.socket, listener: socket.socket, own_env: dict[str, str], after_env: dict[str, str],
+            imported_env: dict[str, str], status_dir: Path) -> None:
     """Read one request and fork its process (or say why not)."""
     with conn:
         conn.settimeout(30)
         req = json.loads(read_line(conn))
-        why = refusal([req.get("python", ""), "-m", req["module"]], req["env"], own_env, dict(os.environ),
-                       sys.executable)
+        why = refusal([req.get("python", ""), "-m", req["module"]], req["env"], own_env, after_env, sys.executable)
         if req["module"] not in ENTRIES:
             why = f"not a launcher entry: {req['module']}"
         if why:

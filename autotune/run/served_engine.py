@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.run.launcher import Launched, launch
+from autotune.run.launcher import SERVE, Launched, launch
 from autotune.serve.export import serve_argv
 from autotune.serve.servers import HOST, end_pgid, free_port, healthy, tail
 
@@ -130,7 +130,7 @@ class ServedEngine:
         from autotune.run.vllm_ext import QUALNAME, needs_reset
 
         extra = ["--worker-extension-cls", QUALNAME] if needs_reset(self.engine_kwargs) else []
-        return [self.python, "-m", "autotune.vllm_cli", "serve", *serve_argv(self.engine_kwargs),
+        return [self.python, "-m", SERVE, "serve", *serve_argv(self.engine_kwargs),
                 "--host", HOST, "--port", str(self.port), *extra]
 
     async def start(self) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.records import Job, RawRun
-from autotune.run.launcher import Launched, launch
+from autotune.run.launcher import WORKER, Launched, launch
 
 OnEvent = Callable[[dict[str, Any]], None]
 WORKER_LOG = "worker.log"  # the worker's stdout and stderr, in its trial folder
@@ -126,7 +126,7 @@ def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent
     t0 = time.monotonic()
     log_path.write_text("")
     # forked by the study's launcher when one runs (vLLM already imported), else a fresh Popen
-    proc = launch([python, "-m", "autotune.run.worker", str(job_path), str(result_path), str(events_path)],
+    proc = launch([python, "-m", WORKER, str(job_path), str(result_path), str(events_path)],
                   env={**os.environ, **(env or {})}, log_path=log_path)
     seen, failure = 0, None
     try:
