@@ -209,24 +209,27 @@ def active(enabled: bool = True, python: str = sys.executable) -> Iterator[str |
 
 
 def _cpu_preload() -> str | None:
-    """The LD_PRELOAD vLLM's CPU platform gives the engine core and CPU worker it spawns (its bundled
-    tcmalloc and PyTorch's libgomp, vllm/platforms/cpu.py check_and_update_config), or None off the
-    CPU build or where LD_PRELOAD already names an allocator or OpenMP of the user's choosing."""
+    """The LD_PRELOAD vLLM's CPU platform gives the engine core and CPU worker it spawns, or None
+    where it would add nothing (off the CPU build). As vllm/platforms/cpu.py check_and_update_config
+    builds it: PyTorch's libgomp appended unless an OpenMP is preloaded already, then its bundled
+    tcmalloc put first unless a tcmalloc is."""
     import glob
     import importlib.util
 
     from autotune.run import hardware
 
     have = os.environ.get("LD_PRELOAD", "")
-    if hardware.detect() != "cpu" or any(x in have for x in ("libomp", "libgomp", "libiomp", "libtcmalloc")):
-        return None
     torch_spec, vllm_spec = importlib.util.find_spec("torch"), importlib.util.find_spec("vllm")
-    if torch_spec is None or vllm_spec is None or not torch_spec.origin or not vllm_spec.origin:
+    if hardware.detect() != "cpu" or not (torch_spec and torch_spec.origin and vllm_spec and vllm_spec.origin):
         return None
     torch_pkg = os.path.dirname(torch_spec.origin)
     gomp = [*glob.glob(os.path.join(os.path.dirname(torch_pkg), "torch.libs", "libgomp*.so*")),
             *glob.glob(os.path.join(torch_pkg, "lib", "libgomp*.so*"))]
     libs = os.path.join(os.path.dirname(vllm_spec.origin), "libs")
     tcmalloc = [*glob.glob(os.path.join(libs, "libtcmalloc_minimal*.so*")), *glob.glob(os.path.join(libs, "libtcmalloc.so*"))]
-    parts = [*tcmalloc[:1], *([have] if have else []), *gomp[:1]]
-    return ":".join(parts) if gomp or tcmalloc else None
+    preload = have
+    if gomp and not any(x in preload for x in ("libomp", "libgomp", "libiomp")):
+        preload = f"{preload}:{gomp[0]}" if preload else gomp[0]
+    if tcmalloc and "libtcmalloc" not in preload:
+        preload = f"{tcmalloc[0]}:{preload}" if preload else tcmalloc[0]
+    return preload if preload != have else None
