@@ -60,15 +60,32 @@ def _vllm_refused(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def engine_launcher():
+    """One launcher (autotune.run.launcher) for the real-engine tests, as a study has one: vLLM
+    imported once for the session, every trial worker, its `vllm serve` and the engine processes
+    they start forked from it (a study inside reuses it). A worker whose environment a fork cannot
+    reproduce (a planted fault's PYTHONPATH) starts fresh. Started by the first engine test (they
+    run after every other test: pytest_collection_modifyitems), so no unmarked test runs under it;
+    session fixtures that start engines ask for it first."""
+    from autotune.run import launcher
+
+    with launcher.active() as sock:
+        yield sock
+
+
 @pytest.fixture(autouse=True)
 def _engine_tests_are_marked(request, monkeypatch):
     """Every test that starts the real vLLM engine carries the `engine` marker: in any other test,
     a worker (or server) process that imports vllm fails, naming the missing marker. The engine
     only ever runs in such processes (a worker per trial, `autotune serve`). Processes started by a
-    module- or session-scoped fixture are set up before this runs, and not covered."""
+    module- or session-scoped fixture are set up before this runs, and not covered. Engine tests
+    run under the session's launcher (``engine_launcher``)."""
     if request.node.get_closest_marker("engine") is None:
         refused = request.getfixturevalue("_vllm_refused")
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(refused), os.environ.get("PYTHONPATH")])))
+    else:
+        request.getfixturevalue("engine_launcher")
 
 import sys  # noqa: E402
 
@@ -84,7 +101,7 @@ TRIES = ['{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 
 
 
 @pytest.fixture(scope="session")
-def study_dir(tmp_path_factory):
+def study_dir(tmp_path_factory, engine_launcher):
     """The shared short real-engine study (tests/test_engine_study.py, the real confirm test):
     baseline, ngram, draft_model and an fp8-weights candidate that crashes engine init on CPU."""
     from typer.testing import CliRunner

@@ -59,7 +59,7 @@ if hardware.cpu_features():  # vLLM's CPU fp8 KV cache needs AVX-512 or AMX
 
 
 @pytest.fixture(scope="session")
-def judged(tmp_path_factory):
+def judged(tmp_path_factory, engine_launcher):
     """name -> (candidate, raw run, verdict) for every run above, judged against the baseline."""
     root = tmp_path_factory.mktemp("correctness")
     wl = load_workload("tests/data/correctness.jsonl")
@@ -84,9 +84,12 @@ def judged(tmp_path_factory):
         params, fault = RUNS[name]
         cand = Candidate(params)
         core = cores.get()
-        # Outputs only, never speed: the engine in one process (autotune.run.engine.UNTIMED_ENV), which
-        # starts in half the time of the spawned engine core and worker.
-        env = {"VLLM_CPU_OMP_THREADS_BIND": core, **UNTIMED_ENV}
+        # Outputs only, never speed: vLLM's CPU worker inside its engine core (autotune.run.engine.UNTIMED_ENV),
+        # where vLLM sets up no OpenMP binding; so the binding it gives a CPU worker it spawns is asked
+        # of the trial worker, whose engine core inherits it. Unbound, two engines at once each ran two
+        # busy threads on the two cores, and the speculative runs crawled at 7-12 tok/s (169 alone).
+        env = {"VLLM_CPU_OMP_THREADS_BIND": core, "OMP_NUM_THREADS": "1", "OMP_PLACES": f"{{{core}}}",
+               "OMP_PROC_BIND": "true", **UNTIMED_ENV}
         paths = [str(MENDED)] if name in MENDED_RUNS else []
         run_cfg = cfg
         if fault:  # the real engine with the fault planted (tests/faulty_engine.py), named as the engine
@@ -305,7 +308,7 @@ def test_a_lossy_speculative_config_is_judged_against_itself_without_speculation
 
 
 @pytest.fixture(scope="session")
-def tried(tmp_path_factory):
+def tried(tmp_path_factory, engine_launcher):
     """Issue 16's scenario through the CLI: sampled edits only, a --try that names the method and
     depth alone, 64 draws of 24 tokens a request."""
     import json as _json

@@ -34,7 +34,7 @@ JSON_FIELDS = 0.95  # share of a JSON record's fields right; measured: 99%
 
 
 @pytest.fixture(scope="module")
-def quality(tmp_path_factory):
+def quality(tmp_path_factory, engine_launcher):
     work = tmp_path_factory.mktemp("quality")
     fresh = work / "fresh.jsonl"
     rows = [{"id": f"fresh-{i:02d}", "prompt": e.prompt, "max_tokens": 192, "temperature": 0.0}

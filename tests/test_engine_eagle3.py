@@ -92,7 +92,7 @@ KINDS = ["json_edit", "fresh"]
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory) -> tuple[dict, dict]:
+def engines(tmp_path_factory, engine_launcher) -> tuple[dict, dict]:
     """The baseline's and eagle3's runs over both workloads (json_edit, then the held-out prompts)."""
     if not demo.eagle3_available():
         pytest.skip("no shipped EAGLE-3 head")

@@ -26,7 +26,7 @@ EDITS = 12
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory):
+def four(tmp_path_factory, engine_launcher):
     results = tmp_path_factory.mktemp("four")
     # The first EDITS edits of the demo workload, two windows each, one warm-up: what this test
     # judges (a forecast, a measurement and a verdict per method, the pick the fastest) needs no

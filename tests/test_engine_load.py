@@ -22,7 +22,7 @@ CLOSED = LoadPattern("concurrency", concurrency=2)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, engine_launcher):
     """(requests, replay window's records, concurrency=2 window's records) from one engine."""
     tmp = tmp_path_factory.mktemp("load")
     base = load_workload("examples/smoke.jsonl").requests[:4]

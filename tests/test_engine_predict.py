@@ -47,7 +47,7 @@ def _workload(path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def predicted(tmp_path_factory):
+def predicted(tmp_path_factory, engine_launcher):
     tmp = tmp_path_factory.mktemp("predict")
     r = CliRunner().invoke(app, ["search", str(_workload(tmp / "mixed.jsonl")), "--space",
                                  "tests/data/engine_space_predict.yaml", "--trials", "4", "--results", str(tmp),

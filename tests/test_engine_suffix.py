@@ -41,7 +41,7 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, engine_launcher):
     """The baseline's and the suffix candidate's raw runs over the same requests."""
     from autotune.demo.corpus import fresh_examples
 

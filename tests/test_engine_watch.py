@@ -32,7 +32,7 @@ WINDOW_S = "8"  # tens of requests of the demo pair on 2 cores
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, engine_launcher):
     """(results folder, server URL): the short study's pick, served by `autotune serve`."""
     tmp = tmp_path_factory.mktemp("watch")
     r = CliRunner().invoke(app, ["search", "examples/json_edit.jsonl", "--space", "tests/data/engine_space.yaml",

@@ -25,7 +25,9 @@ import sys
 
 def run_job(job, phase):
     out = {"windows": [], "ppid": os.getppid(), "pgid": os.getpgid(0), "pid": os.getpid(),
-           "preloaded": "autotune.run.served_engine" in sys.modules, "env": dict(os.environ), "cwd": os.getcwd()}
+           "preloaded": "autotune.run.served_engine" in sys.modules, "env": dict(os.environ), "cwd": os.getcwd(),
+           "cores": sorted(os.sched_getaffinity(0)),
+           "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None}
     if job.get("nested"):  # a process of its own, as a served trial's worker starts its `vllm serve`
         from pathlib import Path
 
@@ -190,6 +192,20 @@ def test_a_forked_cpu_worker_takes_the_binding_vllm_set_for_its_start(form):
         assert (cores, threads) == (f"[{core}]", "1")
     else:  # nothing it could apply exactly: left as the process was (vLLM keeps spawn there)
         assert cores == str(sorted(os.sched_getaffinity(0)))
+
+
+def test_a_worker_asking_for_a_one_core_openmp_binding_is_forked_and_bound(jobs):
+    """A fresh process's OpenMP reads its binding when it loads; a forked one applies it itself, so
+    the request is still a fork (a test runs engines two at a time, each on a core of its own). Any
+    other OpenMP setting differs from what a fork can reproduce: a fresh start."""
+    core = max(os.sched_getaffinity(0))
+    bind = {"OMP_NUM_THREADS": "1", "OMP_PLACES": f"{{{core}}}", "OMP_PROC_BIND": "true"}
+    with launcher.active() as sock:
+        out = run_trial(_job("who"), jobs / "bound", timeout_s=60, env=bind)
+        assert out.failure is None and out.raw["ppid"] == _launcher_pid(sock), out.failure
+        assert (out.raw["cores"], out.raw["threads"]) == ([core], 1)
+        out = run_trial(_job("who"), jobs / "two", timeout_s=60, env={**bind, "OMP_NUM_THREADS": "2"})
+        assert out.failure is None and out.raw["ppid"] != _launcher_pid(sock)  # fresh: OpenMP reads it itself
 
 
 def test_a_bad_request_leaves_the_launcher_serving_the_next(jobs):

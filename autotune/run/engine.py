@@ -23,10 +23,12 @@ from autotune.run.served_engine import (PER_POS, SERVER_LOG, SPEC_COUNTERS, TIME
                                     token_budget)
 
 
-# For engines that time nothing (a draft's teacher-forced trace): vLLM's engine core and its CPU
-# worker in this process instead of two spawned ones, each re-importing vLLM. Start 14.8 s against 27.1 s
-# on a 2-core machine, the same argmax token for token (benchmarks/data/engine_start.json). Never for
-# a measured engine: vLLM's CPU platform wants the multiprocess executor to set up OpenMP there.
+# For engines that time nothing (a draft's teacher-forced trace): vLLM's CPU worker inside its engine
+# core (the uniproc executor) instead of a process of its own, re-importing vLLM (AsyncLLM still starts
+# the engine core). Start 14.8 s against 27.1 s on a 2-core machine, the same argmax token for token
+# (benchmarks/data/engine_start.json). Never for a measured engine: vLLM's CPU platform wants the
+# multiprocess executor to set up OpenMP, and without it the worker's threads are unbound (two such
+# engines at once thrash: tests/test_engine_correctness.py binds each to a core of its own).
 UNTIMED_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 

@@ -53,9 +53,12 @@ PRELOAD = ("autotune.vllm_cli", "autotune.run.worker", "autotune.run.engine", "a
            "prometheus_client.parser")
 # Variables a warm process has not read yet, so a child may set them: vLLM reads its VLLM_* lazily
 # (vllm.envs), except its logging set, which vllm.logger reads on import; device sets are read when
-# a device is first touched, after the fork.
+# a device is first touched, after the fork; pytest's name of the running test is read by nothing.
 _MAY_DIFFER = re.compile(r"^(VLLM_(?!LOGGING|CONFIGURE_LOGGING)\w+|\w+_VISIBLE_DEVICES|ZE_AFFINITY_MASK|"
-                         r"AUTOTUNE_\w+)$")
+                         r"AUTOTUNE_\w+|PYTEST_CURRENT_TEST)$")
+# OpenMP's binding variables, read when OpenMP loads (in the launcher, before any fork): a child may
+# ask for vLLM's one-core binding all the same, which it applies itself (``bound_core``).
+OMP_BINDING = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES", "OMP_PROC_BIND")
 START_TIMEOUT_S = 300.0
 PRELOAD_WAS = "AUTOTUNE_LAUNCHER_LD_PRELOAD_WAS"  # the requesters' LD_PRELOAD, when the launcher's differs
 _said: set[str] = set()
@@ -114,6 +117,17 @@ def _entry(argv: list[str]) -> str | None:
     return None
 
 
+def bound_core(env: dict[str, str]) -> int | None:
+    """The core ``env`` binds a process's OpenMP to, one thread on it, in either of the forms vLLM
+    sets for a CPU worker (OMP_NUM_THREADS=1 and GOMP_CPU_AFFINITY=c, or OMP_PLACES={c} with
+    OMP_PROC_BIND=true); None for anything else, which a fork could not reproduce exactly."""
+    if env.get("OMP_NUM_THREADS") != "1":
+        return None
+    found = re.fullmatch(r"\{(\d+)\}", env.get("OMP_PLACES", "")) if env.get("OMP_PROC_BIND") == "true" else None
+    found = found or re.fullmatch(r"(\d+)", env.get("GOMP_CPU_AFFINITY", ""))
+    return int(found.group(1)) if found else None
+
+
 def refusal(argv: list[str], env: dict[str, str], before: dict[str, str], after: dict[str, str],
             python: str) -> str | None:
     """Why the launcher cannot run ``argv`` with ``env`` as a fresh process would run, or None.
@@ -122,8 +136,10 @@ def refusal(argv: list[str], env: dict[str, str], before: dict[str, str], after:
     forked, asking for a process of its own, passes on what the imports set)."""
     if os.path.realpath(argv[0]) != os.path.realpath(python):
         return f"another interpreter ({argv[0]})"
+    bindable = bound_core(env) is not None  # applied by the child itself (launcher_process._bind_as_spawned)
     differ = sorted(k for k in set(env) | set(before)
-                    if env.get(k) != before.get(k) and env.get(k) != after.get(k) and not _MAY_DIFFER.match(k))
+                    if env.get(k) != before.get(k) and env.get(k) != after.get(k) and not _MAY_DIFFER.match(k)
+                    and not (bindable and k in OMP_BINDING))
     if differ:
         return f"environment differs from the launcher's in {', '.join(differ[:5])}"
     return None

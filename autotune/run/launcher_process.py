@@ -15,7 +15,6 @@ import gc
 import importlib
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -27,8 +26,9 @@ from autotune.run import launcher
 from autotune.run.launcher import PRELOAD_WAS, ENTRIES, PRELOAD, SERVE, read_line, refusal
 
 
-def _fork_engine_processes() -> None:
-    """In a forked `vllm serve`: start the engine core and its worker with fork too, set up as spawned.
+def _fork_engine_processes(serve: bool) -> None:
+    """In a forked `vllm serve` or trial worker: start vLLM's engine core and its worker with fork too,
+    set up as spawned (a trial worker's in-process AsyncLLM starts the same two processes).
 
     `vllm serve` asks for spawn unless VLLM_WORKER_MULTIPROC_METHOD is set (cli_env_setup), and
     vLLM's CPU platform sets spawn while it checks the config, for what a process reads only when it
@@ -41,9 +41,12 @@ def _fork_engine_processes() -> None:
     that could not be exact (a worker given several cores, whose threads OpenMP pins one per core;
     Intel OpenMP preloaded, with variables of its own), both keep vLLM's spawn and only the API
     server's import is saved."""
-    from vllm.platforms import cpu
-
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # read by cli_env_setup, and on GPU
+    try:
+        from vllm.platforms import cpu
+    except ImportError:  # no vLLM here (a worker of another engine): nothing it starts to set up
+        return
+    if serve:
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # read by cli_env_setup, and on GPU
     original = cpu.CpuPlatform.check_and_update_config.__func__
 
     def check_and_update_config(cls: Any, vllm_config: Any) -> None:
@@ -69,18 +72,15 @@ def _one_core_per_worker(vllm_config: Any) -> bool:
 
 
 def _bind_as_spawned() -> None:
-    """In a process forked inside a launched server: the OpenMP binding vLLM put in the environment
-    for it (OMP_NUM_THREADS=1 and GOMP_CPU_AFFINITY=c, or OMP_PLACES={c} with OMP_PROC_BIND=true),
-    applied now that OpenMP cannot read it: the process on core c, one thread. Processes without
-    that binding (the engine core) are left alone."""
-    env = os.environ
-    if env.get("OMP_NUM_THREADS") != "1":
+    """In a process the launcher forked, or one forked inside it: the OpenMP binding its environment
+    asks for (vLLM sets it around a CPU worker's start; a requester may too: OMP_NUM_THREADS=1 and
+    GOMP_CPU_AFFINITY=c, or OMP_PLACES={c} with OMP_PROC_BIND=true), applied now that OpenMP, loaded
+    before the fork, cannot read it: the process on core c, one thread. Processes without that
+    binding (the engine core) are left alone."""
+    core = launcher.bound_core(dict(os.environ))
+    if core is None:
         return
-    found = re.fullmatch(r"\{(\d+)\}", env.get("OMP_PLACES", "")) if env.get("OMP_PROC_BIND") == "true" else None
-    found = found or re.fullmatch(r"(\d+)", env.get("GOMP_CPU_AFFINITY", ""))  # with libgomp preloaded
-    if not found:
-        return
-    os.sched_setaffinity(0, {int(found.group(1))})  # threads created from now on inherit it
+    os.sched_setaffinity(0, {core})  # threads created from now on inherit it
     import torch
 
     torch.set_num_threads(1)
@@ -110,8 +110,8 @@ def _child(req: dict[str, Any], listener: socket.socket) -> None:
         module = req["module"]
         launcher.FORKED = True
         sys.argv = [module, *req["args"]]
-        if module == SERVE:
-            _fork_engine_processes()
+        _bind_as_spawned()  # the binding the requested environment asks of OpenMP, which read its own at start
+        _fork_engine_processes(serve=module == SERVE)
         result = getattr(importlib.import_module(module), ENTRIES[module])(req["args"])
         code = result if isinstance(result, int) else 0
     except SystemExit as e:
