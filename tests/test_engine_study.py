@@ -197,8 +197,11 @@ def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
 
     kw = Candidate({"method": "none", "enforce_eager": True}).engine_kwargs(
         Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, kv_cache_memory_bytes=demo.KV_CACHE_BYTES))
-    job = {"engine_kwargs": kw, "requests": [{"id": "a", "prompt": "hi", "sampling": {"max_tokens": 4}}],
-           "replay": {"load": {"kind": "concurrency", "concurrency": 1}, "warmup": 0}}
+    # Minutes of decoding (64 x 900 tokens at ~200 tok/s): a worker forked by the session's launcher
+    # has its engine up in ~2 s, so the limit must fall while it decodes, not while it starts.
+    reqs = [{"id": f"r{i}", "prompt": "hi", "sampling": {"max_tokens": 900, "ignore_eos": True}} for i in range(64)]
+    job = {"engine_kwargs": kw, "requests": reqs, "replay": {"load": {"kind": "concurrency", "concurrency": 1},
+                                                             "warmup": 0}}
     out = run_trial(job, tmp_path, timeout_s=6)
     assert out.raw is None and out.failure.startswith("timeout: no result after 6s")
     with pytest.raises(ProcessLookupError):

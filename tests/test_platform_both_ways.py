@@ -78,16 +78,16 @@ def test_spaces_offer_fp8_kv_exactly_with_avx512_and_say_why_not(faked_cpu, name
 
 def test_the_predict_studys_row_count_follows_the_platform(faked_cpu):
     """The quick space the predict study on the fake engine ranks (tests/test_strategy.py): none, ngram
-    4 depths x 2 lookups, draft_model 4 depths and, where Arctic Inference is installed, suffix 4 depths
-    x 2 tree depths x 2 spec factors x 2 min probabilities; twice that with fp8 KV."""
+    7 depths (2-8) x 2 lookups, draft_model 7 depths and, where Arctic Inference is installed, suffix 7
+    depths x 2 tree depths x 2 spec factors x 2 min probabilities; twice that with fp8 KV."""
     from collections import Counter
 
     from test_strategy import quick_models
 
     space = quick_space_on(hardware.describe())
-    per_method = {"none": 1, "ngram": 8, "draft_model": 4}
+    per_method = {"none": 1, "ngram": 14, "draft_model": 7}
     if "arctic_inference" in quick_models():
-        per_method["suffix"] = 32
+        per_method["suffix"] = 56
     kv = {"avx512": 2, "no-avx512": 1}[faked_cpu]
     assert Counter(c.method for c in space.grid()) == {m: n * kv for m, n in per_method.items()}
     plain = quick_space_on({"platform": "cpu", "tags": ["cpu"]})

@@ -267,14 +267,15 @@ def test_levels_through_the_cli_plan_each_levels_best_depth_then_the_schedule(tm
     s = report["schedule"]
     assert s["ranges"][0][:2] == [1, 2] and s["ranges"][-1][2] == 0  # deep alone, none at 8
     # One outcome, for its cause: at 1 and at 8 in flight the schedule runs each level's best depth
-    # (ratio 1 on quiet windows), but under the ramp batches 3-7 run without speculation, where depth 5
-    # still gains, so the ramp check fails and the best fixed depth stays the pick.
+    # (ratio 1 on quiet windows), but under the ramp batches 3-7 run without speculation, where the deep
+    # depth still gains, so the ramp check fails and the best fixed depth stays the pick.
     checks = {c["level"]: c for c in s["checks"]}
     assert s["status"] == "fell back" and len(checks) == 3 and "at ramp=8 the schedule measured" in s["why"], s
     assert checks["concurrency=1"]["ok"] and checks["concurrency=8"]["ok"]
     assert checks["concurrency=1"]["ratio"] == pytest.approx(1.0)
     assert checks["concurrency=8"]["ratio"] == pytest.approx(1.0)
-    assert not checks["ramp=8"]["ok"] and checks["ramp=8"]["ratio"] < 0.95
+    # (0.96 with the quick space's depths up to 8: the deep fixed depth gains more under the ramp)
+    assert not checks["ramp=8"]["ok"] and checks["ramp=8"]["ratio"] < 0.97
     assert "depth schedule k=" in r.stdout and s["status"] in r.stdout
 
 
