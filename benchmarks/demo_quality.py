@@ -46,8 +46,9 @@ def outputs(workload: Path, params: dict[str, Any], work: Path, *, concurrency: 
             pair: Path = demo.MODELS) -> dict[str, Any]:
     """One worker run of the demo target on ``workload``: texts by request id, and the measurement."""
     wl = load_workload(workload)
+    # the KV cache a study sizes for the demo (0.3 of the host's RAM zero-filled costs seconds a start)
     settings = Settings(model=str(pair / "target"), draft_model=str(pair / "draft"), max_model_len=demo.MAX_MODEL_LEN,
-                        gpu_memory_utilization=0.3, dtype=demo.DTYPE)
+                        kv_cache_memory_bytes=demo.KV_CACHE_BYTES, dtype=demo.DTYPE)
     cfg = StudyConfig(name="quality", results_dir=work, settings=settings, load=LoadPattern(concurrency=concurrency),
                       repeats=1, warmup=2, samples=0, trial_timeout_s=900)
     out, ev = run_and_evaluate(Candidate({**params, "enforce_eager": True}), wl, cfg, work / Candidate(params).method)

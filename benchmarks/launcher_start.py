@@ -11,6 +11,11 @@ usual pick (ngram k=5), so that each launched trial has a fresh twin of the same
 in time. The launcher runs (idle) through both arms; its own start is timed once.
 
     .venv/bin/python benchmarks/launcher_start.py [--rounds 3] [--out benchmarks/data/launcher_start.json]
+
+With ``--instrument inprocess`` the trials are the worker's own AsyncLLM instead of a server (a
+launched worker forks its engine core and CPU worker as a launched server does):
+
+    .venv/bin/python benchmarks/launcher_start.py --instrument inprocess --out benchmarks/data/launcher_start_inprocess.json
 """
 
 from __future__ import annotations
@@ -43,10 +48,11 @@ def main() -> None:
     ap.add_argument("--workload", default="examples/json_edit.jsonl")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/data/launcher_start.json")
+    ap.add_argument("--instrument", choices=["served", "inprocess"], default="served")
     args = ap.parse_args()
     wl = load_workload(args.workload)
     root = Path(tempfile.mkdtemp(prefix="launcher-"))
-    cfg = StudyConfig(name="launcher", results_dir=root, instrument="served",
+    cfg = StudyConfig(name="launcher", results_dir=root, instrument=args.instrument,
                       settings=Settings(model=str(demo.TARGET), dtype=demo.DTYPE, max_model_len=demo.MAX_MODEL_LEN,
                                         kv_cache_memory_bytes=demo.KV_CACHE_BYTES))
     t0 = time.monotonic()
@@ -102,6 +108,7 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=1))
     Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "workload": args.workload,
+                                          "instrument": args.instrument,
                                           "configs": CONFIGS, "order": order, "rows": rows, "pairs": pairs,
                                           "summary": summary}, indent=1) + "\n")
 

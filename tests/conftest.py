@@ -67,11 +67,15 @@ def engine_launcher():
     they start forked from it (a study inside reuses it). A worker whose environment a fork cannot
     reproduce (a planted fault's PYTHONPATH) starts fresh. Started by the first engine test (they
     run after every other test: pytest_collection_modifyitems), so no unmarked test runs under it;
-    session fixtures that start engines ask for it first."""
+    session fixtures that start engines ask for it first. tests/ is on every engine test's
+    PYTHONPATH, and so on the launcher's, so that engine modules of the tests' own
+    (faulty_engine.py, eagle3_engine.py) are forked too."""
     from autotune.run import launcher
 
-    with launcher.active() as sock:
-        yield sock
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        with launcher.active() as sock:
+            yield sock
 
 
 @pytest.fixture(autouse=True)

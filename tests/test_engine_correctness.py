@@ -96,7 +96,9 @@ def judged(tmp_path_factory, engine_launcher):
             env[FAULT_ENV] = json.dumps(fault)
             paths.append(str(Path(__file__).parent))
             run_cfg = dataclasses.replace(cfg, engine_module="faulty_engine")
-        if paths:
+        have = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # tests/ already (conftest.engine_launcher)
+        paths = [x for x in paths if x not in have]
+        if paths:  # the mended sampler replaces a vLLM module: never a fork of the launcher's vLLM
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
         try:
             res, ev = run_and_evaluate(cand, wl, run_cfg, root / name, reference=reference, env=env)

@@ -2,15 +2,13 @@
 accepts, the outputs stay the baseline's, and the forecast (the head's chained drafts along the
 baseline's tokens, autotune.demo.eagle3.trace) says vLLM's mean accepted length within 3%.
 
-Each engine runs in its own process (vLLM does not free an engine in-process).
+Each engine runs in a trial worker of its own (tests/eagle3_engine.py; vLLM does not free an
+engine in-process).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,55 +21,19 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "examples" / "json_edit.jsonl"
 K = 4  # deep enough that a replay without the chaining (teacher-forced drafts) is off by more than 3%
 
-_ENGINE = r"""
-import json, sys
-from vllm import LLM, SamplingParams
-from vllm.v1.metrics.reader import Vector
-target, head, k, workloads = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
-spec = {"method": "eagle3", "model": head, "num_speculative_tokens": k} if k else None
-llm = LLM(model=target, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
-          disable_log_stats=False, speculative_config=spec, max_num_seqs=1,
-          kv_cache_memory_bytes=512 * 2**20)  # demo.KV_CACHE_BYTES: the default 0.3 of RAM costs seconds a start
-
-
-def counters():
-    got = {}
-    for m in llm.get_metrics():
-        if m.name.startswith("vllm:spec_decode"):
-            got[m.name] = list(m.values) if isinstance(m, Vector) else m.value
-    return got
-
-
-result = {}
-for kind, workload in workloads.items():  # one engine, each workload's counters as the difference
-    rows = [json.loads(x) for x in open(workload).read().splitlines() if x.strip()]
-    params = [SamplingParams(temperature=0.0, max_tokens=r.get("max_tokens", 128)) for r in rows]
-    before = counters()
-    outs = llm.generate([r["prompt"] for r in rows], params, use_tqdm=False)
-    after = counters()
-    diff = {n: ([a - b for a, b in zip(v, before.get(n, [0] * len(v)))] if isinstance(v, list) else v - before.get(n, 0))
-            for n, v in after.items()}
-    result[kind] = {"counters": diff, "outputs": [
-        {"id": r.get("id", str(i)), "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)}
-        for i, (r, o) in enumerate(zip(rows, outs))]}
-print("RESULT " + json.dumps(result))
-"""
-
-
-def run_engine(k: int, workloads: dict[str, Path], head: Path = demo.EAGLE3) -> dict:
+def run_engine(k: int, workloads: dict[str, Path], work: Path, head: Path = demo.EAGLE3) -> dict:
     """Greedy outputs and vLLM's spec-decode counters for each workload in turn on one engine, eagle3
-    at depth k (0: none): kind -> {"counters", "outputs"}.
+    at depth k (0: none): kind -> {"counters", "outputs"}. A worker job of the test-only engine
+    tests/eagle3_engine.py (forked by the suite's launcher, conftest.engine_launcher). The engine
+    core and its worker in the worker's process (autotune.run.engine.UNTIMED_ENV): nothing is timed."""
+    from autotune.run.worker import run_trial
 
-    max_num_seqs=1: one request at a time, the concurrency the forecast replays exactly. One process
-    (autotune.run.engine.UNTIMED_ENV): nothing here is timed, and the engine core and its worker in
-    processes of their own would double the start (benchmarks/data/engine_start.json)."""
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": "1", **UNTIMED_ENV}
-    got = subprocess.run([sys.executable, "-c", _ENGINE, str(demo.TARGET), str(head), str(k),
-                          json.dumps({kind: str(p) for kind, p in workloads.items()})],
-                         capture_output=True, text=True, env=env, timeout=900)
-    line = next((ln for ln in got.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, got.stderr[-4000:]
-    return json.loads(line[len("RESULT "):])
+    job = {"engine_module": "eagle3_engine", "target": str(demo.TARGET), "head": str(head), "k": k,
+           "workloads": {kind: str(p) for kind, p in workloads.items()},
+           "kv_cache_memory_bytes": demo.KV_CACHE_BYTES}
+    got = run_trial(job, work / f"k{k}", timeout_s=900, env=UNTIMED_ENV)
+    assert got.raw is not None, got.failure
+    return got.raw
 
 
 def mean_accepted_length(counters: dict) -> float:
@@ -96,8 +58,9 @@ def engines(tmp_path_factory, engine_launcher) -> tuple[dict, dict]:
     """The baseline's and eagle3's runs over both workloads (json_edit, then the held-out prompts)."""
     if not demo.eagle3_available():
         pytest.skip("no shipped EAGLE-3 head")
-    workloads = {"json_edit": WORKLOAD, "fresh": fresh_workload(tmp_path_factory.mktemp("e3") / "fresh.jsonl")}
-    return run_engine(0, workloads), run_engine(K, workloads)
+    work = tmp_path_factory.mktemp("e3")
+    workloads = {"json_edit": WORKLOAD, "fresh": fresh_workload(work / "fresh.jsonl")}
+    return run_engine(0, workloads, work), run_engine(K, workloads, work)
 
 
 @pytest.fixture(params=KINDS)
