@@ -7,7 +7,8 @@ beside them. The launcher is a process that imports the serve stack once and the
 request, (a) trial workers (``autotune.run.worker``) and (b) their `vllm serve` (``autotune.vllm_cli``).
 A forked server is told to start its engine core and CPU worker with ``fork`` too
 (``VLLM_WORKER_MULTIPROC_METHOD=fork``, vLLM's own setting and its default off `vllm serve`), so
-none of the three imports vLLM again (autotune.run.launcher_process). The processes, their
+none of the three imports vLLM again (autotune.run.launcher_process); a forked worker's own
+AsyncLLM (``--instrument inprocess``, the draft's trace) forks its engine core and CPU worker too. The processes, their
 arguments, allocator, OpenMP binding and IPC are those of `vllm serve`; only how each process came
 to exist differs. benchmarks/launcher_start.py (served trials of the demo, launched and fresh
 alternating, 8 pairs; benchmarks/data/launcher_start.json): start to healthy 2.1 s against 35.0 s
