@@ -8,9 +8,9 @@ request, (a) trial workers (``autotune.run.worker``) and (b) their `vllm serve` 
 A forked server is told to start its engine core and CPU worker with ``fork`` too
 (``VLLM_WORKER_MULTIPROC_METHOD=fork``, vLLM's own setting and its default off `vllm serve`), so
 none of the three imports vLLM again (autotune.run.launcher_process); a forked worker's own
-AsyncLLM (``--instrument inprocess``, the draft's trace) forks its engine core and CPU worker too. The processes, their
-arguments, allocator, OpenMP binding and IPC are those of `vllm serve`; only how each process came
-to exist differs. benchmarks/launcher_start.py (served trials of the demo, launched and fresh
+AsyncLLM (``--instrument inprocess``, the draft's trace) forks its engine core and CPU worker too.
+The processes, their arguments, allocator, OpenMP binding and IPC are those of `vllm serve`; only
+how each process came to exist differs. benchmarks/launcher_start.py (served trials of the demo, launched and fresh
 alternating, 8 pairs; benchmarks/data/launcher_start.json): start to healthy 2.1 s against 35.0 s
 (medians), tok/s launched over fresh 1.01 (0.79-1.26, inside the fresh instances' own 1.39-1.58x
 spread), the same greedy outputs. `autotune confirm` still runs the exported command as users do.
