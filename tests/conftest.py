@@ -65,7 +65,7 @@ def engine_launcher():
     """One launcher (autotune.run.launcher) for the real-engine tests, as a study has one: vLLM
     imported once for the session, every trial worker, its `vllm serve` and the engine processes
     they start forked from it (a study inside reuses it). A worker whose environment a fork cannot
-    reproduce (a planted fault's PYTHONPATH) starts fresh. Started by the first engine test (they
+    reproduce (the mended sampler's PYTHONPATH) starts fresh. Started by the first engine test (they
     run after every other test: pytest_collection_modifyitems), so no unmarked test runs under it;
     session fixtures that start engines ask for it first. tests/ is on every engine test's
     PYTHONPATH, and so on the launcher's, so that engine modules of the tests' own

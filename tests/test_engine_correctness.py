@@ -92,12 +92,10 @@ def judged(tmp_path_factory, engine_launcher):
                "OMP_PROC_BIND": "true", **UNTIMED_ENV}
         paths = [str(MENDED)] if name in MENDED_RUNS else []
         run_cfg = cfg
-        if fault:  # the real engine with the fault planted (tests/faulty_engine.py), named as the engine
+        if fault:  # the real engine with the fault planted (tests/faulty_engine.py: tests/ is on the
+            # engine tests' PYTHONPATH, conftest.engine_launcher), named as the engine
             env[FAULT_ENV] = json.dumps(fault)
-            paths.append(str(Path(__file__).parent))
             run_cfg = dataclasses.replace(cfg, engine_module="faulty_engine")
-        have = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # tests/ already (conftest.engine_launcher)
-        paths = [x for x in paths if x not in have]
         if paths:  # the mended sampler replaces a vLLM module: never a fork of the launcher's vLLM
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
         try:
