@@ -30,14 +30,16 @@ from autotune.core.workload import Request
 # 100), after spawning a child that stands in for vLLM's engine core (its pid goes to $FAKE_PIDS).
 # FAKE_SERVE=crash_pick: the speculative server exits 3 before it is ready; FAKE_SERVE=hang: no server
 # ever binds. bench serve: asks the server its speed and writes a `--save-result` JSON like vLLM's;
-# FAKE_BENCH=incomplete: one request failed. Every call's argv goes to $FAKE_CALLS, one JSON line each.
+# FAKE_BENCH=incomplete: one request failed; FAKE_READY_S: seconds a server takes to start. Every call goes
+# to $FAKE_CALLS, one JSON line each (its time, argv and $AUTOTUNE_WAIT_FOR). bench serve waits for
+# $AUTOTUNE_WAIT_FOR with the real client's own wait (autotune.vllm_cli.wait_for).
 FAKE = textwrap.dedent('''\
     import http.server, json, os, subprocess, sys, time, urllib.request
     argv = sys.argv[1:]
     assert argv[:2] == ["-m", "autotune.vllm_cli"], argv
     argv = argv[2:]
     with open(os.environ["FAKE_CALLS"], "a") as f:
-        f.write(json.dumps(argv) + "\\n")
+        f.write(json.dumps({"t": time.time(), "argv": argv, "wait_for": os.environ.get("AUTOTUNE_WAIT_FOR")}) + "\\n")
     def opt(name):
         return argv[argv.index(name) + 1]
     if argv[0] == "serve":
@@ -51,6 +53,7 @@ FAKE = textwrap.dedent('''\
             sys.exit(3)
         if mode == "hang":
             time.sleep(600)
+        time.sleep(float(os.environ.get("FAKE_READY_S", "0")))  # an engine's start
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 body = json.dumps({"tok_s": 150.0 if spec else 100.0}).encode()
@@ -61,6 +64,9 @@ FAKE = textwrap.dedent('''\
                 pass
         http.server.HTTPServer((opt("--host"), int(opt("--port"))), H).serve_forever()
     elif argv[:2] == ["bench", "serve"]:
+        if os.environ.get("AUTOTUNE_WAIT_FOR"):  # as the real client does (autotune.vllm_cli.main)
+            from autotune.vllm_cli import wait_for
+            wait_for(os.environ["AUTOTUNE_WAIT_FOR"], float(os.environ["AUTOTUNE_WAIT_FOR_S"]))
         with urllib.request.urlopen(opt("--base-url") + "/fake/speed") as r:
             tok_s = json.load(r)["tok_s"]
         n = int(opt("--num-prompts"))
@@ -121,8 +127,12 @@ def fake(tmp_path, monkeypatch):
         python = str(exe)
 
         @staticmethod
-        def calls() -> list[list[str]]:
+        def records() -> list[dict]:
             return [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
+
+        @classmethod
+        def calls(cls) -> list[list[str]]:
+            return [r["argv"] for r in cls.records()]
 
         @staticmethod
         def pids() -> list[int]:
@@ -268,6 +278,57 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     c.confirm(d, rounds=1, warmups=0, python=fake.python)
     assert load_report(d)["best"]["served"]["rounds"] == 1
     assert (d / "report.md").read_text().count(c.SECTION) == 1
+
+
+def test_the_client_starts_beside_its_server_and_sends_once_it_is_healthy(tmp_path, fake, monkeypatch):
+    d = write_results(tmp_path / "study")
+    monkeypatch.setenv("FAKE_READY_S", "2")
+    served = c.confirm(d, rounds=1, warmups=0, python=fake.python)
+    records = fake.records()  # in the order each process began, which races within a round
+    started = [r for r in records if r["argv"][0] == "serve"], [r for r in records if r["argv"][0] == "bench"]
+    assert [len(x) for x in started] == [2, 2]
+    for server, client in zip(*started):
+        port = server["argv"][server["argv"].index("--port") + 1]
+        # the client's imports overlap the server's 2 s start; it waits for this round's server
+        assert client["t"] - server["t"] < 1.5
+        assert client["wait_for"] == f"http://{servers.HOST}:{port}/health"
+        assert client["argv"][client["argv"].index("--base-url") + 1] == f"http://{servers.HOST}:{port}"
+    assert served["baseline_output_tok_s"] == [100.0] and served["pick_output_tok_s"] == [150.0]
+    assert all(r["ready_s"] >= 2.0 for r in served["per_round"])
+
+
+def test_the_clients_wait_returns_once_the_server_answers_and_gives_up_with_one_line(tmp_path):
+    import http.server
+    import threading
+
+    from autotune.vllm_cli import wait_for
+
+    port, up = servers.free_port(), []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    def start() -> None:  # the port refuses connections until then, as a starting server's does
+        up.append(http.server.HTTPServer((servers.HOST, port), Health))
+        up[0].serve_forever()
+
+    threading.Timer(1.0, start).start()
+    t0 = time.monotonic()
+    try:
+        wait_for(f"http://{servers.HOST}:{port}/health", 30)
+        assert 0.9 < time.monotonic() - t0 < 10
+    finally:
+        while not up:
+            time.sleep(0.05)
+        up[0].shutdown()
+        up[0].server_close()
+    with pytest.raises(SystemExit, match=r"did not answer 200 in 0.5 s \(AUTOTUNE_WAIT_FOR\); nothing was sent"):
+        wait_for(f"http://{servers.HOST}:{servers.free_port()}/health", 0.5)
 
 
 def test_a_server_that_crashes_is_told_from_a_timeout_and_recorded(tmp_path, fake, monkeypatch):

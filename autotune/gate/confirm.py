@@ -10,7 +10,9 @@ instance show (benchmarks/data/served_gap*.json). So this step:
   starting beside the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
   (benchmarks/data/confirm_overlap.json), so the starts (about 30 s each) are paid, not hidden;
 - measures each with ``vllm bench serve`` (run through ``python -m autotune.vllm_cli bench serve``,
-  which also works on the CPU build) on the study's workload and load, each round's JSON kept;
+  which also works on the CPU build) on the study's workload and load, each round's JSON kept; the
+  client starts beside its server and waits for ``/health`` after its own imports, so those imports
+  (10-16 s) overlap the server's start; the first request still meets a ready server;
 - reports the served speedup, median(pick tok/s) / median(baseline tok/s) over rounds with a 95%
   bootstrap interval over rounds, beside the study's claim, and writes both into best.json.
 
@@ -36,7 +38,9 @@ from typing import Any
 from autotune.core.errors import BadInput
 from autotune.serve.bench_client import DEFAULT_WARMUPS, ClientPlan, _num, _scaled, client_plan, read_bench
 from autotune.serve.served import served_line, verdict
-from autotune.serve.servers import BENCH_TIMEOUT_S, HOST, READY_TIMEOUT_S, ServeFailed, free_port, run_client, serving
+from autotune.serve.servers import (BENCH_TIMEOUT_S, HOST, READY_TIMEOUT_S, ServeFailed, client_started, finish_client,
+                                    free_port, serving)
+from autotune.vllm_cli import WAIT_FOR, WAIT_FOR_S
 
 CONFIRM_DIR = "confirm"  # under the results folder: scripts, dataset, server logs, bench results
 DATASET = "workload.jsonl"  # the workload as `vllm bench serve --dataset-name custom` reads it
@@ -206,13 +210,19 @@ def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float
     for stale in out.glob(f"{tag}.*"):
         stale.unlink()
     port = free_port()
+    base_url = f"http://{HOST}:{port}"
     say(f"confirm round {n}/{rounds} {side}: starting {st.rel(st.scripts[side])} on port {port}")
-    with serving(["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)], port=port,
-                 log_path=out / f"{tag}.log", env=st.env, ready_timeout_s=ready_timeout_s,
-                 what=f"the {side} server ({st.rel(st.scripts[side])}, round {n})") as server:
-        run_client([*st.client, "--base-url", server.base_url, "--save-result", "--result-dir", str(out),
-                    "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}", f"round={n}"],
-                   log_path=out / f"{tag}.bench.log", timeout_s=bench_timeout_s, env=st.env)
+    client_log = out / f"{tag}.bench.log"
+    # The client starts with the server: it imports vLLM while the server starts and sends its
+    # first request once /health answers (autotune.vllm_cli, AUTOTUNE_WAIT_FOR), 10-16 s a round.
+    wait = {WAIT_FOR: f"{base_url}/health", WAIT_FOR_S: f"{ready_timeout_s:g}"}
+    with client_started([*st.client, "--base-url", base_url, "--save-result", "--result-dir", str(out),
+                         "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}",
+                         f"round={n}"], log_path=client_log, env={**st.env, **wait}) as client, \
+            serving(["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)], port=port,
+                    log_path=out / f"{tag}.log", env=st.env, ready_timeout_s=ready_timeout_s,
+                    what=f"the {side} server ({st.rel(st.scripts[side])}, round {n})") as server:
+        finish_client(client, log_path=client_log, timeout_s=bench_timeout_s)
     data = read_bench(out / f"{tag}.json", expected=len(st.plan.rows))
     r = RoundResult(round=n, side=side, output_tok_s=float(data["output_throughput"]),
                     tpot_ms_p50=_num(data.get("median_tpot_ms")), ttft_ms_p50=_num(data.get("median_ttft_ms")),

@@ -137,17 +137,30 @@ def serving(argv: list[str], *, port: int, log_path: Path, env: dict[str, str] |
             end_group(proc)
 
 
-def run_client(argv: list[str], *, log_path: Path, timeout_s: float = BENCH_TIMEOUT_S,
-               env: dict[str, str] | None = None) -> None:
-    """Run the bench client to its end (own session, ended with its group at ``timeout_s``)."""
+@contextmanager
+def client_started(argv: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """Start the bench client in its own session; on exit (also on a failure around it) end its group."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, **(env or {})})
         try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise ServeFailed(f"vllm bench serve did not finish in {timeout_s:g} s (ended; log {log_path})") from None
+            yield proc
         finally:
             end_group(proc, grace_s=5.0)
+
+
+def finish_client(proc: subprocess.Popen, *, log_path: Path, timeout_s: float = BENCH_TIMEOUT_S) -> None:
+    """Wait for a started client to end; ServeFailed on a timeout or a non-zero exit."""
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ServeFailed(f"vllm bench serve did not finish in {timeout_s:g} s (ended; log {log_path})") from None
     if code != 0:
         raise ServeFailed(f"vllm bench serve failed (exit code {code}; log {log_path}): {tail(log_path)}")
+
+
+def run_client(argv: list[str], *, log_path: Path, timeout_s: float = BENCH_TIMEOUT_S,
+               env: dict[str, str] | None = None) -> None:
+    """Run the bench client to its end (own session, ended with its group at ``timeout_s``)."""
+    with client_started(argv, log_path=log_path, env=env) as proc:
+        finish_client(proc, log_path=log_path, timeout_s=timeout_s)
