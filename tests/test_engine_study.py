@@ -9,12 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pandas as pd
 import pytest
@@ -151,46 +145,6 @@ def test_exported_command_parses_to_the_same_engine_args(study_dir):
         assert getattr(engine_args, key) == value, key
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_exported_config_serves_completions(study_dir):
-    port = _free_port()
-    log = open(study_dir / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli.app", "serve", str(study_dir), "--port", str(port),
-                             "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (study_dir / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as r:
-                    models = json.load(r)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "server did not become ready in 240 s"
-                time.sleep(2)
-        model = models["data"][0]["id"]
-        prompt = json.loads(open("examples/smoke.jsonl").readline())["prompt"]
-        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0}).encode()
-        req = urllib.request.Request(f"{base}/v1/completions", data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            out = json.load(r)
-        assert out["choices"][0]["text"].strip()
-        assert out["usage"]["completion_tokens"] > 0
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
-
 def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
     from autotune.core.candidate import Candidate, Settings
     from autotune.run.worker import run_trial
@@ -208,12 +162,12 @@ def test_real_engine_past_its_time_limit_is_ended_with_its_children(tmp_path):
         os.killpg(out.pid, 0)  # nothing of the worker's process group is left
 
 
-def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
+def test_nightly_flow_warm_start_then_check(study_dir, shared_edits, tmp_path):
     """Nightly: a warm-started study re-measures the deployed pick first, then `check` gates the new
     pick against that re-measurement, in one run, at the default 5% tolerance."""
     old = load_report(study_dir)
     runner = CliRunner()
-    r = runner.invoke(app, ["search", "examples/json_edit.jsonl", "--space", "tests/data/engine_space.yaml",
+    r = runner.invoke(app, ["search", str(shared_edits), "--space", "tests/data/engine_space.yaml",
                             "--trials", "2", "--results", str(tmp_path), "--study", "nightly",
                             "--warm-start", str(study_dir), "--no-remeasure"])
     assert r.exit_code == 0, r.output
@@ -240,7 +194,7 @@ def test_nightly_flow_warm_start_then_check(study_dir, tmp_path):
     gain = old["best"]["speedup"]["output_tok_s"]
     assert gain > 1, old["best"]["speedup"]
     tolerance = f"{(1 - 1 / gain) / 2:.4%}"
-    r = runner.invoke(app, ["search", "examples/json_edit.jsonl", "--space", "tests/data/engine_space_nospec.yaml",
+    r = runner.invoke(app, ["search", str(shared_edits), "--space", "tests/data/engine_space_nospec.yaml",
                             "--trials", "1", "--results", str(tmp_path), "--study", "nospec",
                             "--warm-start", str(study_dir), "--no-remeasure"])
     assert r.exit_code == 0, r.output

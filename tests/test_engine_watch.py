@@ -6,8 +6,8 @@ kind runs through the whole window at concurrency 1 (a client loop, stopped afte
 - the study's own kind of request (json_edit: edits that copy their input): ok, exit 0;
 - support chats (examples/support_chat.jsonl: answers that copy little of the prompt, so ngram finds
   few drafts): drift, exit 5, naming the acceptance that moved and the forecast at it.
-The shared smoke study (conftest.study_dir) is not reused: its workload is not json_edit, and the
-ok window needs traffic of the study's own kind.
+The shared study (conftest.study_dir) is not reused: its pick may be the draft model, and the
+lines checked here name an ngram pick of two measured configs.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ WINDOW_S = "8"  # tens of requests of the demo pair on 2 cores
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, engine_launcher):
-    """(results folder, server URL): the short study's pick, served by `autotune serve`."""
+    """(results folder, server URL): the short study's pick, served by `autotune serve`, which has
+    answered a completion with text (the only test of `autotune serve` on the real engine)."""
     tmp = tmp_path_factory.mktemp("watch")
     r = CliRunner().invoke(app, ["search", "examples/json_edit.jsonl", "--space", "tests/data/engine_space.yaml",
                                  "--trials", "2", "--try", json.dumps(PICK), "--results", str(tmp), "--study", "w",
@@ -48,6 +49,14 @@ def served(tmp_path_factory, engine_launcher):
     argv = [sys.executable, "-m", "autotune.cli.app", "serve", str(results), "--host", HOST, "--port", str(port)]
     with serving(argv, port=port, log_path=tmp / "server.log", what="autotune serve") as server:
         _send(server.base_url, _requests("examples/json_edit.jsonl")[:2])  # ngram's JIT compile: before any window
+        # `autotune serve` hands back the pick as a working server: a completion with text
+        body = {"model": _model(server.base_url), "prompt": _requests("examples/smoke.jsonl")[0]["prompt"],
+                "max_tokens": 24, "temperature": 0}
+        req = urllib.request.Request(server.base_url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.load(r)
+        assert out["choices"][0]["text"].strip() and out["usage"]["completion_tokens"] > 0, out
         yield results, server.base_url
 
 
