@@ -47,6 +47,26 @@ def test_training_unroll_matches_the_chained_drafts_vllm_makes():
         assert chained_drafts(head, fed, aux, [a], depth)[0] == chain
 
 
+def test_every_anchors_chain_at_once_is_each_chain_alone():
+    """Chains advanced together (one step for all anchors at a time) are the chains drafted one
+    anchor at a time: no anchor reads another's keys, or a position past its own."""
+    from autotune.demo.eagle3 import chained_drafts
+
+    head = _random_head(4)
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 50, (40,), generator=g).tolist()
+    aux = torch.randn(40, 96, generator=g)
+    starts, depth = [0, 5, 6, 20, 37, 2], 5
+    together: list = []
+    chains = chained_drafts(head, tokens, aux, starts, depth, logits=together)
+    for a, chain, seen in zip(starts, chains, together):
+        alone: list = []
+        assert chained_drafts(head, tokens, aux, [a], depth, logits=alone)[0] == chain
+        for j in range(depth):
+            torch.testing.assert_close(seen[j], alone[0][j], rtol=1e-5, atol=1e-5)
+    assert chained_drafts(head, tokens, aux, [], depth) == []
+
+
 def test_chained_drafts_differ_from_teacher_forcing():
     """The second draft reads the head's own state, not the target's: a replay that teacher-forced
     every position would be another (wrong) proposer."""
