@@ -177,8 +177,16 @@ def head_config(target_cfg: dict[str, Any], *, intermediate_size: int, aux_layer
 
 def load_target(target: Path = TARGET) -> Any:
     from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
-    model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
+    # transformers draws a "Loading weights" bar, which a study's output printed after its report
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     model.eval()
     return model
 
