@@ -430,7 +430,7 @@ def test_compare_served_only_old_served_is_a_note(two):
 def test_real_engine_confirms_a_short_studys_pick(study_dir, tmp_path):
     """The shared short study's pick (conftest.py, a speculative config), then 1 round a side
     served with the real `vllm serve` and measured with the real `vllm bench serve`, on the first
-    8 of the study's 32 edits (``--workload``: the servers' starts are what is tested, not the
+    8 of the study's 16 edits (``--workload``: the servers' starts are what is tested, not the
     figure's precision). On a copy: confirm writes into the study's folder, which other tests read."""
     import shutil
 

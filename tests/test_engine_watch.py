@@ -50,12 +50,7 @@ def served(tmp_path_factory, engine_launcher):
     with serving(argv, port=port, log_path=tmp / "server.log", what="autotune serve") as server:
         _send(server.base_url, _requests("examples/json_edit.jsonl")[:2])  # ngram's JIT compile: before any window
         # `autotune serve` hands back the pick as a working server: a completion with text
-        body = {"model": _model(server.base_url), "prompt": _requests("examples/smoke.jsonl")[0]["prompt"],
-                "max_tokens": 24, "temperature": 0}
-        req = urllib.request.Request(server.base_url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            out = json.load(r)
+        out = _complete(server.base_url, {**_requests("examples/smoke.jsonl")[0], "max_tokens": 24})
         assert out["choices"][0]["text"].strip() and out["usage"]["completion_tokens"] > 0, out
         yield results, server.base_url
 
@@ -71,16 +66,22 @@ def _send(url: str, rows: list[dict], stop: threading.Event | None = None) -> in
         for row in rows:
             if stop is not None and stop.is_set():
                 return sent
-            chat = "messages" in row
-            body = {"model": _model(url), "max_tokens": row["max_tokens"], "temperature": 0.0,
-                    **({"messages": row["messages"]} if chat else {"prompt": row["prompt"]})}
-            req = urllib.request.Request(url + ("/v1/chat/completions" if chat else "/v1/completions"),
-                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                assert r.status == 200
+            _complete(url, row)
             sent += 1
         if stop is None:
             return sent
+
+
+def _complete(url: str, row: dict) -> dict:
+    """One greedy request (a completion, or a chat where ``row`` has messages); the server's answer."""
+    chat = "messages" in row
+    body = {"model": _model(url), "max_tokens": row["max_tokens"], "temperature": 0.0,
+            **({"messages": row["messages"]} if chat else {"prompt": row["prompt"]})}
+    req = urllib.request.Request(url + ("/v1/chat/completions" if chat else "/v1/completions"),
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.status == 200
+        return json.load(r)
 
 
 def _model(url: str, _cache: dict = {}) -> str:  # noqa: B006 - one lookup per server
