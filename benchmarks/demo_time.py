@@ -2,8 +2,9 @@
 
 Runs the demo's own command (what scripts/demo.sh runs after its setup: ``autotune search
 examples/json_edit.jsonl --space quick --trials 8 --study demo --confirm``) with ``--no-launcher``
-(every trial a fresh worker and a fresh `vllm serve`, as before) and as it is now (the launcher:
-autotune.run.launcher), alternating run by run, each into a fresh results folder. For each run:
+(every trial a fresh worker and a fresh `vllm serve`, confirm's servers and clients fresh processes,
+as before) and as it is now (the launcher, autotune.run.launcher, which also forks confirm's servers
+and clients), alternating run by run, each into a fresh results folder. For each run:
 the whole wall, the study's part and confirm's (confirm starts when the study's report is
 written), every trial's ``engine_init_s`` and wall (trials.csv), the pick, its claimed and
 served speedup. Both arms in one run, because this machine's speed drifts between sessions by more
@@ -80,6 +81,9 @@ def run_once(n: int, arm: str, root: Path) -> dict[str, Any]:
             "trial_wall_s": [round(float(r["wall_s"]), 1) for r in rows if r.get("wall_s")],
             "pick": b.get("label"), "claimed": (b.get("speedup") or {}).get("output_tok_s"),
             "served": sv.get("speedup"), "served_lo": sv.get("speedup_lo"), "served_hi": sv.get("speedup_hi"),
+            "confirm_servers": sv.get("servers") or "fresh",  # results before the launcher forked confirm's
+            "confirm_ready_s": [r.get("ready_s") for r in sv.get("per_round", [])],
+            "confirm_tok_s": {"baseline": sv.get("baseline_output_tok_s"), "pick": sv.get("pick_output_tok_s")},
             "baseline_tok_s": ((best.get("baseline") or {}).get("measurement") or {}).get("output_tok_s"),
             "log": f"{n}-{arm}.log", "folder": str(out)}
 

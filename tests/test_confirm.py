@@ -22,7 +22,8 @@ from autotune.serve import bench_client, servers
 from autotune.serve import served as sv
 from autotune.core.candidate import Candidate, Settings
 from autotune.core.errors import BadInput
-from autotune.serve.export import command, serve_script
+from autotune.run import launcher
+from autotune.serve.export import command, serve_argv, serve_script, written_by_export
 from autotune.core.study_report import load_report
 from autotune.core.workload import Request
 
@@ -237,7 +238,7 @@ def test_verdict(served, claimed, expect):
 def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake):
     d = write_results(tmp_path / "study", claimed=(1.6, 1.55, 1.7))
     lines: list[str] = []
-    served = c.confirm(d, rounds=2, warmups=1, python=fake.python, say=lines.append)
+    served = c.confirm(d, rounds=2, warmups=1, python=fake.python, launcher=False, say=lines.append)
     calls = fake.calls()
     serves = [x for x in calls if x[0] == "serve"]
     # baseline, pick, baseline, pick: a fresh server each, the pick from serve.sh as written
@@ -247,6 +248,9 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     benches = [x for x in calls if x[:2] == ["bench", "serve"]]
     assert len(benches) == 4 and all(b[b.index("--model") + 1] == MODEL for b in benches)
     assert served["order"] == ["baseline", "pick", "baseline", "pick"]
+    # --no-launcher: every server a new process running the script, as users start it
+    assert served["servers"] == "fresh" and {r["started"] for r in served["per_round"]} == {"fresh"}
+    assert "forked" not in sv.served_line(load_report(d))
     assert served["pick_output_tok_s"] == [150.0, 150.0] and served["baseline_output_tok_s"] == [100.0, 100.0]
     assert served["speedup"] == pytest.approx(1.5)
     assert (served["speedup_lo"], served["speedup_hi"]) == (pytest.approx(1.5), pytest.approx(1.5))
@@ -275,7 +279,7 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     assert all(_gone(p) for p in fake.pids()) and len(fake.pids()) == 8
     assert all(not servers.group_alive(r["server_pid"]) for r in served["per_round"])
     # a second confirm replaces the served numbers and the report section, never appends
-    c.confirm(d, rounds=1, warmups=0, python=fake.python)
+    c.confirm(d, rounds=1, warmups=0, python=fake.python, launcher=False)
     assert load_report(d)["best"]["served"]["rounds"] == 1
     assert (d / "report.md").read_text().count(c.SECTION) == 1
 
@@ -283,7 +287,7 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
 def test_the_client_starts_beside_its_server_and_sends_once_it_is_healthy(tmp_path, fake, monkeypatch):
     d = write_results(tmp_path / "study")
     monkeypatch.setenv("FAKE_READY_S", "2")
-    served = c.confirm(d, rounds=1, warmups=0, python=fake.python)
+    served = c.confirm(d, rounds=1, warmups=0, python=fake.python, launcher=False)
     records = fake.records()  # in the order each process began, which races within a round
     started = [r for r in records if r["argv"][0] == "serve"], [r for r in records if r["argv"][0] == "bench"]
     assert [len(x) for x in started] == [2, 2]
@@ -295,6 +299,87 @@ def test_the_client_starts_beside_its_server_and_sends_once_it_is_healthy(tmp_pa
         assert client["argv"][client["argv"].index("--base-url") + 1] == f"http://{servers.HOST}:{port}"
     assert served["baseline_output_tok_s"] == [100.0] and served["pick_output_tok_s"] == [150.0]
     assert all(r["ready_s"] >= 2.0 for r in served["per_round"])
+
+
+class _ForkedStandIn(launcher.Launched):
+    """What autotune.run.launcher.launch returns for a forked process, here around a Popen of the FAKE."""
+
+    def __init__(self, proc) -> None:
+        super().__init__(proc.pid, Path("/nonexistent"))
+        self.proc = proc
+
+    def poll(self):
+        self.returncode = self.proc.poll()
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.returncode = self.proc.wait(timeout)
+        return self.returncode
+
+
+@pytest.fixture
+def stand_in_launcher(monkeypatch):
+    """autotune.run.launcher's ``active`` and ``launch`` replaced: what confirm asks the launcher to
+    fork is recorded and started with Popen (a real launcher runs only the real interpreter)."""
+    import contextlib
+
+    asked: list[list[str]] = []
+
+    @contextlib.contextmanager
+    def active(enabled=True, python=sys.executable):
+        monkeypatch.setenv(launcher.ENV_KEY, "/stand-in.sock")
+        yield "/stand-in.sock"
+        monkeypatch.delenv(launcher.ENV_KEY)
+
+    def launch(argv, *, env, log_path):
+        asked.append(argv)
+        return _ForkedStandIn(servers.popen(argv, env, log_path))
+
+    monkeypatch.setattr(launcher, "active", active)
+    monkeypatch.setattr(launcher, "launch", launch)
+    return asked
+
+
+def test_with_the_launcher_each_round_forks_the_exported_command_and_its_client(tmp_path, fake, stand_in_launcher):
+    d = write_results(tmp_path / "study")
+    served = c.confirm(d, rounds=2, warmups=0, python=fake.python)
+    report = load_report(d)
+    kwargs = {"baseline": report["baseline"]["engine_kwargs"], "pick": report["best"]["engine_kwargs"]}
+    asked = stand_in_launcher
+    assert len(asked) == 8  # a server and a client each round
+    serves = [a for a in asked if a[3] == "serve"]
+    for side, argv in zip(["baseline", "pick", "baseline", "pick"], serves):
+        # the command serve.sh holds (with this interpreter), where this round's server listens
+        assert argv[:4] == [fake.python, "-m", "autotune.vllm_cli", "serve"]
+        assert argv[4:-4] == serve_argv(kwargs[side]) and argv[-4:-1] == ["--host", servers.HOST, "--port"]
+    assert [a[3:5] for a in asked if a[3] != "serve"] == [["bench", "serve"]] * 4
+    assert served["servers"] == "forked" and [r["started"] for r in served["per_round"]] == ["forked"] * 4
+    assert served["speedup"] == pytest.approx(1.5)
+    assert "servers forked from autotune's launcher" in sv.served_line(report)
+    assert all(_gone(p) for p in fake.pids()) and len(fake.pids()) == 8
+
+
+def test_an_edited_serve_script_is_served_as_written_each_round_a_new_process(tmp_path, fake, stand_in_launcher):
+    d = write_results(tmp_path / "study")
+    script = d / "serve.sh"
+    script.write_text(script.read_text().replace("--gpu-memory-utilization 0.3", "--gpu-memory-utilization 0.25"))
+    served = c.confirm(d, rounds=1, warmups=0, python=fake.python)
+    assert [r["started"] for r in served["per_round"]] == ["forked", "fresh"]
+    assert served["servers"] == "forked+fresh"
+    pick_server = [x for x in fake.calls() if x[0] == "serve" and "--speculative-config" in x][0]
+    assert pick_server[pick_server.index("--gpu-memory-utilization") + 1] == "0.25"  # the edit, as written
+    assert not any(a[3] == "serve" and "--speculative-config" in a for a in stand_in_launcher)
+    assert any("serve.sh is not the command autotune wrote" in n for n in served["client"]["notes"])
+
+
+def test_written_by_export_knows_its_own_script_with_any_interpreter():
+    kw = {"model": "/m", "max_model_len": 512, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
+    for python in (sys.executable, "/opt/other env/bin/python3"):
+        assert written_by_export(serve_script(kw, platform="cpu", python=python), kw, platform="cpu")
+    assert written_by_export(serve_script(kw, platform="cuda"), kw, platform="cuda")
+    assert not written_by_export(serve_script(kw, platform="cpu"), {**kw, "max_model_len": 1024}, platform="cpu")
+    assert not written_by_export(serve_script(kw, platform="cpu") + "echo more\n", kw, platform="cpu")
+    assert not written_by_export(serve_script(kw, platform="cpu"), kw, platform="cuda")
 
 
 def test_the_clients_wait_returns_once_the_server_answers_and_gives_up_with_one_line(tmp_path):
@@ -336,7 +421,7 @@ def test_a_server_that_crashes_is_told_from_a_timeout_and_recorded(tmp_path, fak
     monkeypatch.setenv("FAKE_SERVE", "crash_pick")
     with pytest.raises(servers.ServeFailed, match=r"the pick server \(serve.sh, round 1\) exited before it was ready "
                                             r"\(exit code 3; log .*round-1-pick.log\): RuntimeError: fake engine"):
-        c.confirm(d, rounds=1, warmups=0, python=fake.python)
+        c.confirm(d, rounds=1, warmups=0, python=fake.python, launcher=False)
     report = load_report(d)
     assert "exited before it was ready" in report["best"]["served"]["failure"]
     assert report["best"]["served"]["rounds_done"][0]["side"] == "baseline"
@@ -350,7 +435,7 @@ def test_a_server_never_ready_times_out_and_its_group_is_ended(tmp_path, fake, m
     d = write_results(tmp_path / "study")
     monkeypatch.setenv("FAKE_SERVE", "hang")
     with pytest.raises(servers.ServeFailed, match=r"the baseline server .* not ready after 1.5 s"):
-        c.confirm(d, rounds=1, warmups=0, python=fake.python, ready_timeout_s=1.5)
+        c.confirm(d, rounds=1, warmups=0, python=fake.python, launcher=False, ready_timeout_s=1.5)
     assert len(fake.pids()) == 2 and all(_gone(p) for p in fake.pids())
 
 
@@ -358,21 +443,21 @@ def test_an_incomplete_bench_run_fails_the_round(tmp_path, fake, monkeypatch):
     d = write_results(tmp_path / "study")
     monkeypatch.setenv("FAKE_BENCH", "incomplete")
     with pytest.raises(servers.ServeFailed, match="incomplete run: 5 of 6 requests completed, 1 failed"):
-        c.confirm(d, rounds=1, warmups=0, python=fake.python)
+        c.confirm(d, rounds=1, warmups=0, python=fake.python, launcher=False)
     assert all(_gone(p) for p in fake.pids())
 
 
 def test_results_that_cannot_be_confirmed_are_bad_input(tmp_path, fake):
     with pytest.raises(BadInput, match="no such results file"):
-        c.confirm(tmp_path / "none", python=fake.python)
+        c.confirm(tmp_path / "none", python=fake.python, launcher=False)
     d = write_results(tmp_path / "moved", workload="gone/w.jsonl")
     with pytest.raises(BadInput, match="key 'workload': gone/w.jsonl: no such file from here"):
-        c.confirm(d, python=fake.python)
+        c.confirm(d, python=fake.python, launcher=False)
     report = json.loads((d / "best.json").read_text())
     report["best"] = None
     (d / "best.json").write_text(json.dumps(report))
     with pytest.raises(BadInput, match="no feasible configuration to confirm"):
-        c.confirm(d, python=fake.python)
+        c.confirm(d, python=fake.python, launcher=False)
     assert fake.calls() == []  # nothing was started
 
 
@@ -458,6 +543,8 @@ def test_real_engine_confirms_a_short_studys_pick(study_dir, tmp_path):
         assert "Application startup complete" in (d / "confirm" / f"round-1-{side}.log").read_text()
     # vLLM's own counters, through the server: the pick speculated, the baseline did not
     assert 0 < served["pick"]["acceptance_rate"] <= 1 and served["baseline"]["acceptance_rate"] is None
+    # each server and client forked from the running launcher (the engine tests', as a study's)
+    assert served["servers"] == "forked" and all(x["ready_s"] < 15 for x in served["per_round"])
     # servers started and stopped cleanly: no process of either server's group is left
     assert all(not servers.group_alive(x["server_pid"]) for x in served["per_round"])
     print(f"confirm {time.monotonic() - t0:.0f} s; claimed "

@@ -16,6 +16,7 @@ import pytest
 
 from autotune.run import launcher
 from autotune.run.worker import run_trial
+from autotune.serve import servers
 
 # A job that says which process started it and what it found already imported.
 WHO = '''
@@ -145,6 +146,23 @@ def test_the_launcher_can_be_turned_off_and_is_not_nested(jobs):
         assert off is None and launcher.ENV_KEY not in os.environ
     with launcher.active() as outer, launcher.active() as inner:
         assert outer and inner is None and os.environ[launcher.ENV_KEY] == outer
+
+
+def test_a_held_launcher_outlives_the_block_that_started_it_and_ends_with_the_hold(jobs):
+    """`search --confirm`: the study's launcher also forks confirm's servers, and is started only
+    when the study starts one (a bad input before that starts none)."""
+    with launcher.held():
+        assert launcher.ENV_KEY not in os.environ  # the hold itself starts nothing
+        with launcher.active() as sock:
+            pid = _launcher_pid(sock)
+        assert os.environ[launcher.ENV_KEY] == sock and servers.group_alive(pid)  # still serving
+        with launcher.active() as again:
+            assert again is None  # the held one is used
+    assert launcher.ENV_KEY not in os.environ and not os.path.exists(sock)
+    deadline = time.monotonic() + 10
+    while servers.group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not servers.group_alive(pid)
 
 
 def test_what_the_launchers_imports_set_may_be_passed_on_and_nothing_else_may_differ():

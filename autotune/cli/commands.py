@@ -56,7 +56,7 @@ def confirm(
     results: Annotated[Optional[Path], typer.Argument(
         help="A results folder (or its best.json). Default: the newest under ./results.")] = None,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds a side: baseline, pick, baseline, pick, ..., "
-                                                    "a fresh server each.")] = 3,
+                                                    "a new server instance each.")] = 3,
     warmups: Annotated[int, typer.Option(min=0, help="Warm-up requests per server "
                                                      "(vllm bench serve --num-warmups).")] = 3,
     workload: Annotated[Optional[Path], typer.Option(help="The study's workload file. Default: the path "
@@ -69,6 +69,10 @@ def confirm(
     ready_timeout: Annotated[float, typer.Option(min=1, help="Seconds for a server to answer /health "
                                                              "before it is ended.")] = 600,
     bench_timeout: Annotated[float, typer.Option(min=1, help="Seconds for one vllm bench serve run.")] = 1800,
+    launcher: Annotated[bool, typer.Option("--launcher/--no-launcher", help="Fork each server and client from "
+                                           "one process that has imported vLLM (the command serve.sh holds, a "
+                                           "new server instance each round, ready in seconds), instead of "
+                                           "starting each as a new process as users do.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the served numbers as JSON on stdout; "
                                                           "progress goes to stderr.")] = False,
 ) -> None:
@@ -76,8 +80,8 @@ def confirm(
     `vllm bench serve` on the study's workload and load, and write the served speedup beside the
     in-process claim into best.json.
 
-    Rounds alternate baseline and pick, each on a fresh server; every server log and bench JSON goes
-    to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on bad input.
+    Rounds alternate baseline and pick, each on a new server instance; every server log and bench JSON
+    goes to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on bad input.
     """
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
@@ -90,6 +94,7 @@ def confirm(
         served = run_confirm(folder, rounds=rounds, warmups=warmups, workload=workload,
                              format=_workload_format(format), output_len=output_len, turns=_turns(turns),
                              drop_too_long=drop_too_long, ready_timeout_s=ready_timeout, bench_timeout_s=bench_timeout,
+                             launcher=launcher,
                              say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/yellow] every server was ended; best.json is unchanged")

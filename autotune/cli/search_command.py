@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -14,6 +15,7 @@ from autotune.cli.edge import (_TURNS_HELP, Strategy, _choice, _instrument, _tur
 from autotune.core import errors
 from autotune.core.formats import FORMATS
 from autotune.cli.present import search_summary
+from autotune.run.launcher import held as launcher_held
 
 
 @app.command(epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
@@ -68,7 +70,8 @@ def search(
     launcher: Annotated[bool, typer.Option("--launcher/--no-launcher", help="Fork each trial's worker and "
                                            "its vllm serve from one process that has imported vLLM, instead "
                                            "of starting each fresh (same processes and arguments; a start of "
-                                           "seconds instead of tens).")] = True,
+                                           "seconds instead of tens); with --confirm, its servers and clients "
+                                           "too.")] = True,
     study: Annotated[Optional[str], typer.Option(help="Study name. Default: the workload's file name.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite in the results folder.",
                                                    envvar="AUTOTUNE_STORAGE")] = None,
@@ -161,17 +164,19 @@ def search(
                          warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
                          workers=workers, json=json_)
     say = err if json_ else console  # --json: stdout carries the JSON only
-    try:
-        report = run_search(opts, say, verbose=edge.verbose())
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted:[/yellow] the running trial is recorded as failed; "
-                  "continue with the same command and --resume")
-        raise typer.Exit(errors.INTERRUPTED) from None
-    out = opts.results / report["study"]
-    if not json_:
-        search_summary(say, report, out)
-    if confirm and report.get("best"):
-        report = _confirm_after_search(out, opts, say, show=not json_)
+    # With --confirm, the study's launcher (started once, 10-25 s) also forks confirm's servers
+    with launcher_held() if confirm else contextlib.nullcontext():
+        try:
+            report = run_search(opts, say, verbose=edge.verbose())
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted:[/yellow] the running trial is recorded as failed; "
+                      "continue with the same command and --resume")
+            raise typer.Exit(errors.INTERRUPTED) from None
+        out = opts.results / report["study"]
+        if not json_:
+            search_summary(say, report, out)
+        if confirm and report.get("best"):
+            report = _confirm_after_search(out, opts, say, show=not json_)
     if json_:
         print(json.dumps(report, indent=2))
     if not report.get("best"):
@@ -186,7 +191,7 @@ def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool) -> 
 
     try:
         run_confirm(out, workload=opts.workload, format=opts.format, output_len=opts.output_len, turns=opts.turns,
-                    drop_too_long=opts.drop_too_long,
+                    drop_too_long=opts.drop_too_long, launcher=opts.launcher,
                     say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/yellow] the study's results are written; servers ended")

@@ -6,9 +6,17 @@ instance show (benchmarks/data/served_gap*.json). So this step:
 
 - serves the pick with ``serve.sh`` as written and the baseline through the same launcher
   (``confirm/baseline.sh``, built by the same ``serve_script``), in alternating rounds
-  (baseline, pick, baseline, pick, ...), a fresh server each round, one after another: a server
-  starting beside the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
-  (benchmarks/data/confirm_overlap.json), so the starts (about 30 s each) are paid, not hidden;
+  (baseline, pick, baseline, pick, ...), a new server instance each round, one after another: a
+  server starting beside the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
+  (benchmarks/data/confirm_overlap.json);
+- starts each server and client forked from autotune's launcher (autotune.run.launcher; the
+  study's own when `search --confirm` runs, else one started here), which has imported vLLM once:
+  the same `vllm serve` command, arguments and environment, each server a new instance of its
+  own with its own engine core and CPU worker, ready in about 2 s instead of 30-35 s on 2 cores
+  (benchmarks/data/launcher_start.json: tok/s forked over fresh 1.01, 0.79-1.26, inside fresh
+  instances' own spread). A script that is not what autotune wrote for the config, or
+  ``launcher=False`` (`--no-launcher`), runs as a new process, as users start it; each round
+  records which (``started``);
 - measures each with ``vllm bench serve`` (run through ``python -m autotune.vllm_cli bench serve``,
   which also works on the CPU build) on the study's workload and load, each round's JSON kept; the
   client starts beside its server and waits for ``/health`` after its own imports, so those imports
@@ -36,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import BadInput
+from autotune.run import launcher as run_launcher
 from autotune.serve.bench_client import DEFAULT_WARMUPS, ClientPlan, _num, _scaled, client_plan, read_bench
 from autotune.serve.served import served_line, verdict
 from autotune.serve.servers import (BENCH_TIMEOUT_S, HOST, READY_TIMEOUT_S, ServeFailed, client_started, finish_client,
@@ -64,6 +73,7 @@ class RoundResult:
     completed: int
     duration_s: float
     ready_s: float  # from start to a healthy /health
+    started: str  # the server: "forked" from autotune's launcher, or "fresh" (a new process)
     server_pid: int  # also its process-group id, ended and checked empty after the round
     result_file: str  # relative to the results folder
     server_log: str
@@ -168,6 +178,7 @@ class _Setup:
     client: list[str]
     env: dict[str, str]
     platform: str
+    commands: dict[str, list[str]]  # `vllm serve` as the launcher can fork it, for scripts autotune wrote
 
     def rel(self, q: Path) -> str:
         return str(Path(q).relative_to(self.results_dir))
@@ -176,7 +187,7 @@ class _Setup:
 def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, python: str) -> _Setup:
     """Write the dataset and the baseline's serve script; build the client's command."""
     from autotune.run import hardware
-    from autotune.serve.export import serve_script
+    from autotune.serve.export import serve_argv, serve_script, written_by_export
 
     best, base = report["best"], report["baseline"]
     platform = (report.get("platform") or {}).get("platform") or hardware.detect()
@@ -196,33 +207,59 @@ def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, 
         plan.notes.append("serve.sh was missing; served confirm/pick.sh, written from best.json's engine kwargs")
     for sh in scripts.values():
         sh.chmod(0o755)
+    kwargs = {"baseline": base["engine_kwargs"], "pick": kw}
+    commands = {side: [python, "-m", run_launcher.SERVE, "serve", *serve_argv(kwargs[side])]
+                for side, sh in scripts.items() if written_by_export(sh.read_text(), kwargs[side], platform=platform)}
+    if "pick" not in commands:
+        plan.notes.append(f"{scripts['pick'].name} is not the command autotune wrote for best.json's engine kwargs: "
+                          "served as written, each round a new process")
     client = [*_launcher(python), "bench", "serve", "--model", kw["model"],
               *(["--tokenizer", kw["tokenizer"]] if kw.get("tokenizer") else []),
               *(["--trust-remote-code"] if kw.get("trust_remote_code") else []),
               "--dataset-path", str(dataset), *plan.flags]
-    return _Setup(results_dir, out, plan, scripts, client, {"AUTOTUNE_PYTHON": python}, platform)
+    return _Setup(results_dir, out, plan, scripts, client, {"AUTOTUNE_PYTHON": python}, platform, commands)
+
+
+def _start(forked: bool) -> Any:
+    """How a round's processes start: through the launcher (which falls back to Popen, saying why,
+    for what it cannot fork exactly) or as new processes."""
+    from autotune.serve.servers import popen
+
+    if not forked:
+        return popen
+
+    def through_launcher(argv: list[str], env: dict[str, str], log_path: Path) -> Any:
+        log_path.write_text("")  # the launcher appends
+        return run_launcher.launch(argv, env=env, log_path=log_path)
+
+    return through_launcher
 
 
 def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float, bench_timeout_s: float,
-           say: Say) -> RoundResult:
-    """One fresh server of ``side``, measured by one ``vllm bench serve`` run, then ended."""
+           forked: bool, say: Say) -> RoundResult:
+    """One new server of ``side``, measured by one ``vllm bench serve`` run, then ended."""
     tag, out = f"round-{n}-{side}", st.out
+    fork = forked and side in st.commands
+    start = _start(fork)
     for stale in out.glob(f"{tag}.*"):
         stale.unlink()
     port = free_port()
     base_url = f"http://{HOST}:{port}"
-    say(f"confirm round {n}/{rounds} {side}: starting {st.rel(st.scripts[side])} on port {port}")
+    say(f"confirm round {n}/{rounds} {side}: starting {st.rel(st.scripts[side])} on port {port}"
+        + (" (forked from the launcher)" if fork else ""))
+    server_argv = ([*st.commands[side], "--host", HOST, "--port", str(port)] if fork
+                   else ["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)])
     client_log = out / f"{tag}.bench.log"
     # The client starts with the server: it imports vLLM while the server starts and sends its
     # first request once /health answers (autotune.vllm_cli, AUTOTUNE_WAIT_FOR), 10-16 s a round.
     wait = {WAIT_FOR: f"{base_url}/health", WAIT_FOR_S: f"{ready_timeout_s:g}"}
     with client_started([*st.client, "--base-url", base_url, "--save-result", "--result-dir", str(out),
                          "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}",
-                         f"round={n}"], log_path=client_log, env={**st.env, **wait}) as client, \
-            serving(["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)], port=port,
-                    log_path=out / f"{tag}.log", env=st.env, ready_timeout_s=ready_timeout_s,
-                    what=f"the {side} server ({st.rel(st.scripts[side])}, round {n})") as server:
+                         f"round={n}"], log_path=client_log, env={**st.env, **wait}, start=start) as client, \
+            serving(server_argv, port=port, log_path=out / f"{tag}.log", env=st.env, ready_timeout_s=ready_timeout_s,
+                    what=f"the {side} server ({st.rel(st.scripts[side])}, round {n})", start=start) as server:
         finish_client(client, log_path=client_log, timeout_s=bench_timeout_s)
+    started = "forked" if isinstance(server.process, run_launcher.Launched) else "fresh"
     data = read_bench(out / f"{tag}.json", expected=len(st.plan.rows))
     r = RoundResult(round=n, side=side, output_tok_s=float(data["output_throughput"]),
                     tpot_ms_p50=_num(data.get("median_tpot_ms")), ttft_ms_p50=_num(data.get("median_ttft_ms")),
@@ -231,7 +268,7 @@ def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float
                     acceptance_rate=_scaled(data.get("spec_decode_acceptance_rate"), 0.01),
                     mean_accepted_length=_num(data.get("spec_decode_acceptance_length")),
                     completed=int(data["completed"]), server_pid=server.pid,
-                    duration_s=float(data.get("duration") or 0.0), ready_s=round(server.ready_s, 2),
+                    duration_s=float(data.get("duration") or 0.0), ready_s=round(server.ready_s, 2), started=started,
                     result_file=f"{CONFIRM_DIR}/{tag}.json", server_log=f"{CONFIRM_DIR}/{tag}.log",
                     bench_log=f"{CONFIRM_DIR}/{tag}.bench.log")
     say(f"confirm round {n}/{rounds} {side}: {r.output_tok_s:.1f} output tok/s "
@@ -251,6 +288,7 @@ def _served(report: dict[str, Any], st: _Setup, done: list[RoundResult], *, roun
     claimed = report["best"].get("speedup") or {}
     return {
         "rounds": rounds, "order": [f"{r.side}" for r in done], "warmups": warmups,
+        "servers": "+".join(sorted({r.started for r in done})),  # forked, fresh, or forked+fresh
         "pick_output_tok_s": pick_tps, "baseline_output_tok_s": base_tps,
         "speedup": statistics.median(pick_tps) / statistics.median(base_tps), "speedup_lo": _num(lo),
         "speedup_hi": _num(hi), "pick": _side_summary(by["pick"]), "baseline": _side_summary(by["baseline"]),
@@ -270,9 +308,12 @@ def _served(report: dict[str, Any], st: _Setup, done: list[RoundResult], *, roun
 def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: int = DEFAULT_WARMUPS,
             workload: Any = None, format: str = "auto", output_len: int | None = None, turns: str | None = None,
             drop_too_long: bool = False, python: str | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
-            bench_timeout_s: float = BENCH_TIMEOUT_S, say: Say | None = None) -> dict[str, Any]:
-    """Serve the pick (``serve.sh``) and the baseline in alternating rounds, a fresh server each,
+            bench_timeout_s: float = BENCH_TIMEOUT_S, launcher: bool = True, say: Say | None = None) -> dict[str, Any]:
+    """Serve the pick (``serve.sh``) and the baseline in alternating rounds, a new server each,
     measure each with ``vllm bench serve``, and write the served numbers into best.json.
+
+    ``launcher``: fork servers and clients from autotune's launcher (the one running, else one
+    started for this step); False starts each as a new process, as users start `vllm serve`.
 
     ``workload``: a ``Workload``, a path, or None for best.json's ``workload``; ``format``,
     ``output_len``, ``turns`` and ``drop_too_long`` read it as `autotune search` did. ``python``:
@@ -299,10 +340,12 @@ def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: i
     st = _setup(results_dir, report, wl, warmups=warmups, python=python)
     done: list[RoundResult] = []
     try:
-        for n in range(1, rounds + 1):
-            for side in SIDES:  # baseline first: a slow start of the machine does not favour the pick
-                done.append(_round(st, n, rounds, side, ready_timeout_s=ready_timeout_s,
-                                   bench_timeout_s=bench_timeout_s, say=say))
+        with run_launcher.active(launcher, python=python):
+            forked = launcher and bool(os.environ.get(run_launcher.ENV_KEY))  # else it did not start (said)
+            for n in range(1, rounds + 1):
+                for side in SIDES:  # baseline first: a slow start of the machine does not favour the pick
+                    done.append(_round(st, n, rounds, side, ready_timeout_s=ready_timeout_s,
+                                       bench_timeout_s=bench_timeout_s, forked=forked, say=say))
     except ServeFailed as e:
         (st.out / "failure.json").write_text(json.dumps({"error": type(e).__name__, "message": str(e)}, indent=2)
                                              + "\n")

@@ -182,14 +182,42 @@ def read_line(s: socket.socket) -> bytes:
     return buf
 
 
+_holds: list[contextlib.ExitStack] = []  # open ``held`` blocks: a launcher started inside outlives its ``active``
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A launcher that an ``active`` inside this block starts keeps running until the block ends
+    (`search --confirm`: the study's launcher also forks confirm's servers; a bad input before the
+    study still fails before any launcher starts)."""
+    with contextlib.ExitStack() as stack:
+        _holds.append(stack)
+        try:
+            yield
+        finally:
+            _holds.remove(stack)
+
+
 @contextlib.contextmanager
 def active(enabled: bool = True, python: str = sys.executable) -> Iterator[str | None]:
     """Run a launcher for the duration (``ENV_KEY`` set in this process's environment, so that trial
-    workers and their servers are forked by it); yields its socket path, or None when not enabled,
-    already active, or it could not start (then everything starts with Popen, as before)."""
+    workers and their servers are forked by it), or until the enclosing ``held`` block ends; yields
+    its socket path, or None when not enabled, already active, or it could not start (then
+    everything starts with Popen, as before)."""
     if not enabled or os.environ.get(ENV_KEY):
         yield None
         return
+    if _holds:
+        sock_path = _holds[-1].enter_context(_running(python))
+        yield sock_path
+        return
+    with _running(python) as sock_path:
+        yield sock_path
+
+
+@contextlib.contextmanager
+def _running(python: str) -> Iterator[str | None]:
+    """Start a launcher, set ``ENV_KEY`` while it runs, end it on exit."""
     tmp = Path(tempfile.mkdtemp(prefix="autotune-launcher-"))
     sock_path = str(tmp / "sock")
     log = open(tmp / "launcher.log", "w")

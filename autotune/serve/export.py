@@ -8,6 +8,7 @@ Every value is shell-quoted; vLLM's own parser checks the result in the tests.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from typing import Any
@@ -65,3 +66,15 @@ def serve_script(engine_kwargs: dict[str, Any], *, platform: str, python: str = 
     else:
         lines.append(command(engine_kwargs) + ' "$@"')
     return "\n".join(lines) + "\n"
+
+
+def written_by_export(script: str, engine_kwargs: dict[str, Any], *, platform: str) -> bool:
+    """Whether ``script`` is exactly what ``serve_script`` writes for ``engine_kwargs`` (with any
+    interpreter on CPU): then it runs `vllm serve` with ``serve_argv(engine_kwargs)`` and nothing
+    else, and `autotune confirm` may start that command itself (forked from its launcher)."""
+    found = re.search(r'^PYTHON="\$\{AUTOTUNE_PYTHON:-(.+)\}"$', script, re.M)
+    try:
+        python = shlex.split(found.group(1))[0] if found else sys.executable
+    except ValueError:
+        return False
+    return script == serve_script(engine_kwargs, platform=platform, python=python)

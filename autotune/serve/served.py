@@ -47,6 +47,12 @@ def verdict(served: tuple[float, float | None, float | None], claimed: tuple[flo
             f"1 +- {AGREE_WITHIN:.0%}")
 
 
+def _how(servers: str | None) -> str:
+    """How confirm's servers came to exist (older results say nothing: fresh processes)."""
+    return {"forked": ", servers forked from autotune's launcher",
+            "forked+fresh": ", servers forked from autotune's launcher or, where it could not, fresh"}.get(servers or "", "")
+
+
 def served_line(report: dict[str, Any]) -> str | None:
     """One line for the console and reports: served beside claimed, or why there is no served number."""
     best = report.get("best") or {}
@@ -58,7 +64,8 @@ def served_line(report: dict[str, Any]) -> str | None:
     c = sv.get("claimed") or {}
     claim = f"; claimed by the study {_fmt(c['speedup'], c.get('lo'), c.get('hi'))}" if _num(c.get("speedup")) else ""
     line = (f"served: {_fmt(sv['speedup'], sv.get('speedup_lo'), sv.get('speedup_hi'))} the baseline's output "
-            f"tok/s (vllm serve + vllm bench serve, {sv['rounds']} round(s) a side, 95% interval over rounds)"
+            f"tok/s (vllm serve + vllm bench serve, {sv['rounds']} round(s) a side{_how(sv.get('servers'))}, "
+            "95% interval over rounds)"
             f"{claim}")
     v = report.get("served_vs_claimed")
     if v == AGREE and _num(c.get("speedup")):

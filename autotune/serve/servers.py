@@ -14,10 +14,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autotune.core.errors import AutotuneError
 
@@ -33,6 +34,17 @@ class ServeFailed(AutotuneError):
     exit_code = 1
 
 
+# How a process is started: (argv, its whole environment, its log) -> a handle with Popen's pid (also
+# its process group), poll, wait and returncode, in a session of its own, stdout and stderr to the
+# log. Popen by default; `autotune confirm` passes the study's launcher (autotune.run.launcher.launch).
+Start = Callable[[list[str], dict[str, str], Path], Any]
+
+
+def popen(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """Start ``argv`` as a new process in a session of its own (the default ``Start``)."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env)
 
 
 def free_port(host: str = HOST) -> int:
@@ -53,7 +65,7 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def end_pgid(pgid: int, *, proc: subprocess.Popen | None = None, grace_s: float = STOP_GRACE_S) -> bool:
+def end_pgid(pgid: int, *, proc: Any = None, grace_s: float = STOP_GRACE_S) -> bool:
     """End process group ``pgid`` (SIGTERM, then SIGKILL); True once nothing of it is left.
 
     ``proc``: its leader, when this process started it (reaped here, or the group never empties).
@@ -75,7 +87,7 @@ def end_pgid(pgid: int, *, proc: subprocess.Popen | None = None, grace_s: float 
     return not group_alive(pgid)
 
 
-def end_group(proc: subprocess.Popen, *, grace_s: float = STOP_GRACE_S) -> None:
+def end_group(proc: Any, *, grace_s: float = STOP_GRACE_S) -> None:
     """End ``proc``'s whole process group (SIGTERM, then SIGKILL) and check that nothing is left.
 
     Raises ServeFailed if a process of the group outlives SIGKILL.
@@ -106,50 +118,48 @@ class Server:
     base_url: str
     pid: int  # also its process-group id
     ready_s: float
+    process: Any = None  # the handle ``start`` returned
 
 
 @contextmanager
 def serving(argv: list[str], *, port: int, log_path: Path, env: dict[str, str] | None = None,
-            ready_timeout_s: float = READY_TIMEOUT_S, what: str = "server") -> Iterator[Server]:
+            ready_timeout_s: float = READY_TIMEOUT_S, what: str = "server", start: Start = popen) -> Iterator[Server]:
     """Start ``argv`` (a server that binds ``port`` on 127.0.0.1) in its own session, wait until
-    ``/health`` answers 200, yield it, then end its process group.
+    ``/health`` answers 200, yield it, then end its process group. ``start``: how (Popen by default).
 
     Raises ServeFailed naming the log when the server exits before it is ready (a crash) or is not
     ready in ``ready_timeout_s`` (a timeout); either way nothing of it is left running.
     """
     base = f"http://{HOST}:{port}"
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, **(env or {})})
-        try:
-            while not healthy(f"{base}/health"):
-                code = proc.poll()
-                if code is not None:
-                    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-                    raise ServeFailed(f"{what} exited before it was ready ({how}; log {log_path}): {tail(log_path)}")
-                if time.monotonic() - t0 > ready_timeout_s:
-                    raise ServeFailed(f"{what} not ready after {ready_timeout_s:g} s (ended; log {log_path}): "
-                                      f"{tail(log_path)}")
-                time.sleep(0.5)
-            yield Server(base_url=base, pid=proc.pid, ready_s=time.monotonic() - t0)
-        finally:  # also on Ctrl-C or a failed bench: never leave a server behind
-            end_group(proc)
+    proc = start(argv, {**os.environ, **(env or {})}, log_path)
+    try:
+        while not healthy(f"{base}/health"):
+            code = proc.poll()
+            if code is not None:
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                raise ServeFailed(f"{what} exited before it was ready ({how}; log {log_path}): {tail(log_path)}")
+            if time.monotonic() - t0 > ready_timeout_s:
+                raise ServeFailed(f"{what} not ready after {ready_timeout_s:g} s (ended; log {log_path}): "
+                                  f"{tail(log_path)}")
+            time.sleep(0.5)
+        yield Server(base_url=base, pid=proc.pid, ready_s=time.monotonic() - t0, process=proc)
+    finally:  # also on Ctrl-C or a failed bench: never leave a server behind
+        end_group(proc)
 
 
 @contextmanager
-def client_started(argv: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+def client_started(argv: list[str], *, log_path: Path, env: dict[str, str] | None = None,
+                   start: Start = popen) -> Iterator[Any]:
     """Start the bench client in its own session; on exit (also on a failure around it) end its group."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, **(env or {})})
-        try:
-            yield proc
-        finally:
-            end_group(proc, grace_s=5.0)
+    proc = start(argv, {**os.environ, **(env or {})}, log_path)
+    try:
+        yield proc
+    finally:
+        end_group(proc, grace_s=5.0)
 
 
-def finish_client(proc: subprocess.Popen, *, log_path: Path, timeout_s: float = BENCH_TIMEOUT_S) -> None:
+def finish_client(proc: Any, *, log_path: Path, timeout_s: float = BENCH_TIMEOUT_S) -> None:
     """Wait for a started client to end; ServeFailed on a timeout or a non-zero exit."""
     try:
         code = proc.wait(timeout=timeout_s)
