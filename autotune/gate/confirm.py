@@ -250,8 +250,8 @@ def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float
     server_argv = ([*st.commands[side], "--host", HOST, "--port", str(port)] if fork
                    else ["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)])
     client_log = out / f"{tag}.bench.log"
-    # The client starts with the server: it imports vLLM while the server starts and sends its
-    # first request once /health answers (autotune.vllm_cli, AUTOTUNE_WAIT_FOR), 10-16 s a round.
+    # The client starts with the server and sends its first request once /health answers
+    # (autotune.vllm_cli, AUTOTUNE_WAIT_FOR); started fresh, its imports (10-16 s) overlap the server's start.
     wait = {WAIT_FOR: f"{base_url}/health", WAIT_FOR_S: f"{ready_timeout_s:g}"}
     with client_started([*st.client, "--base-url", base_url, "--save-result", "--result-dir", str(out),
                          "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}",
