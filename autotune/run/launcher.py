@@ -13,7 +13,8 @@ The processes, their arguments, allocator, OpenMP binding and IPC are those of `
 how each process came to exist differs. benchmarks/launcher_start.py (served trials of the demo, launched and fresh
 alternating, 8 pairs; benchmarks/data/launcher_start.json): start to healthy 2.1 s against 35.0 s
 (medians), tok/s launched over fresh 1.01 (0.79-1.26, inside the fresh instances' own 1.39-1.58x
-spread), the same greedy outputs. `autotune confirm` still runs the exported command as users do.
+spread), the same greedy outputs. `autotune confirm` forks its servers and clients too
+(autotune.gate.confirm; `--no-launcher` starts them as users do).
 
 Each child runs in a session of its own with its log on stdout/stderr, as ``subprocess.Popen(...,
 start_new_session=True)`` would; the caller holds a ``Launched`` handle with Popen's ``pid``,
