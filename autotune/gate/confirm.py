@@ -208,7 +208,7 @@ def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, 
     for sh in scripts.values():
         sh.chmod(0o755)
     kwargs = {"baseline": base["engine_kwargs"], "pick": kw}
-    commands = {side: [python, "-m", run_launcher.SERVE, "serve", *serve_argv(kwargs[side])]
+    commands = {side: [*_launcher(python), "serve", *serve_argv(kwargs[side])]
                 for side, sh in scripts.items() if written_by_export(sh.read_text(), kwargs[side], platform=platform)}
     if "pick" not in commands:
         plan.notes.append(f"{scripts['pick'].name} is not the command autotune wrote for best.json's engine kwargs: "
