@@ -16,8 +16,10 @@ from typing import Any, TypedDict
 from autotune.core.errors import BadInput
 
 # 2: resolution, edge, trials.pruned, best.served and served_vs_claimed declared (round 3).
-SCHEMA_VERSION = 2
-READABLE = (1, 2)
+# 3: round 4 (serving flags, platform checks, numerics, launcher starts, verdict intervals); readers
+# of 3 still take 1 and 2 (`check` and `watch` compare a new run against a deployed older one).
+SCHEMA_VERSION = 3
+READABLE = (1, 2, 3)
 
 
 class Entry(TypedDict, total=False):
