@@ -549,3 +549,20 @@ def test_real_engine_confirms_a_short_studys_pick(study_dir, tmp_path):
     assert all(not servers.group_alive(x["server_pid"]) for x in served["per_round"])
     print(f"confirm {time.monotonic() - t0:.0f} s; claimed "
           f"{b['speedup']['output_tok_s']:.2f}x, served {served['speedup']:.2f}x: {report['served_vs_claimed']}")
+
+
+def test_setup_gives_a_benchmark_what_confirm_serves_and_sends(tmp_path):
+    """The public seam benchmarks/client_gap.py and confirm_overlap.py use instead of ``_setup``:
+    the dataset written, both serve scripts (the pick's serve.sh as the study left it), the client
+    (``vllm bench serve`` on that dataset) and the server environment."""
+    from autotune.core.workload import load_workload
+
+    d = write_results(tmp_path / "study")
+    report = load_report(d)
+    st = c.setup(d, report, load_workload(report["workload"]), warmups=1, python=sys.executable)
+    assert st.scripts == {"baseline": d / "confirm" / "baseline.sh", "pick": d / "serve.sh"}
+    assert "--speculative-config" not in st.scripts["baseline"].read_text()
+    assert st.client[-len(st.plan.flags):] == st.plan.flags and "bench" in st.client
+    dataset = Path(st.client[st.client.index("--dataset-path") + 1])
+    assert dataset.read_text().count("\n") == len(st.plan.rows) > 0
+    assert st.env == {"AUTOTUNE_PYTHON": sys.executable}

@@ -63,3 +63,43 @@ def test_the_prefill_share_comes_from_vllms_own_prefill_and_decode_times():
     d = diff_counters(parse_counters(""), parse_counters(METRICS))
     assert d["vllm:request_prefill_time_seconds"] == 0.25 and prefill_share(d) == 0.1
     assert math.isnan(prefill_share({})) and math.isnan(prefill_share(parse_counters("")))
+
+
+def test_attach_drives_a_server_started_elsewhere_and_shutdown_leaves_it_running(tmp_path):
+    """``attach`` (the seam benchmarks/client_gap.py uses) reads a server it did not start; its
+    ``shutdown`` closes the client's session and ends no process. The server here is a stand-in
+    (aiohttp serving the /metrics page above), not vLLM."""
+    import asyncio
+
+    from aiohttp import web
+
+    from autotune.run.served_engine import ServedEngine
+    from autotune.serve.servers import HOST, free_port
+
+    async def go() -> tuple[dict, bool, int]:
+        async def metrics(_req: web.Request) -> web.Response:
+            return web.Response(text=METRICS)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, HOST, port).start()
+        try:
+            engine = ServedEngine(engine_kwargs={"model": "m"}, log_path=tmp_path / "server.log", port=port)
+            engine.attach()
+            counters = await engine.counters()
+            session = engine._session
+            await engine.shutdown()
+            again = ServedEngine(engine_kwargs={"model": "m"}, log_path=tmp_path / "server.log", port=port)
+            again.attach()  # the server outlived the first engine's shutdown
+            second = await again.counters()
+            await again.shutdown()
+            return counters, session.closed, second["vllm:spec_decode_num_drafts"]
+        finally:
+            await runner.cleanup()
+
+    counters, closed, drafts_again = asyncio.run(go())
+    assert counters["vllm:spec_decode_num_drafts"] == 42 and drafts_again == 42
+    assert closed

@@ -220,6 +220,13 @@ def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, 
     return _Setup(results_dir, out, plan, scripts, client, {"AUTOTUNE_PYTHON": python}, platform, commands)
 
 
+def setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int = DEFAULT_WARMUPS,
+          python: str = sys.executable) -> _Setup:
+    """What confirm serves and sends for a results folder, for a benchmark to drive its own rounds
+    (benchmarks/client_gap.py): the dataset, both serve scripts, the client's command."""
+    return _setup(results_dir, report, wl, warmups=warmups, python=python)
+
+
 def _start(forked: bool) -> Any:
     """How a round's processes start: through the launcher (which falls back to Popen, saying why,
     for what it cannot fork exactly) or as new processes."""

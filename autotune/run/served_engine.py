@@ -154,15 +154,21 @@ class ServedEngine:
             if time.perf_counter() - t0 > self.ready_timeout_s:
                 raise RuntimeError(f"vllm serve not ready after {self.ready_timeout_s:g} s: {tail(self.log_path, 6)}")
             await asyncio.sleep(0.25)
-        import aiohttp
-
         # The client shares a core with the API server and the engine core: its collections must not
         # walk what it imported (vLLM, torch), fresh or forked by the launcher (which froze it).
         gc.collect()
         gc.freeze()
+        self.attach()
+        return time.perf_counter() - t0
+
+    def attach(self) -> None:
+        """Open the client's session to the server on ``port``, started here or elsewhere (a
+        benchmark's own server: benchmarks/client_gap.py); ``shutdown`` then closes it, and ends
+        only a server this engine started. Call it inside the event loop that will use it."""
+        import aiohttp
+
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
                                               connector=aiohttp.TCPConnector(limit=0))
-        return time.perf_counter() - t0
 
     def _resolve(self) -> Any:
         from vllm.usage.usage_lib import UsageContext
