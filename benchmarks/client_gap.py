@@ -18,42 +18,30 @@ Prints and saves each reading, per side the median of each client and their rati
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from autotune.core.candidate import Candidate, Settings  # noqa: E402
-from autotune.core.study_report import load_report  # noqa: E402
-from autotune.core.workload import load_workload  # noqa: E402
-from autotune.gate import confirm as c  # noqa: E402
-from autotune.measure.config import StudyConfig  # noqa: E402
-from autotune.measure.metrics import measure  # noqa: E402
-from autotune.run import hardware  # noqa: E402
-from autotune.run.evaluate import trial_job  # noqa: E402
-from autotune.run.replay import measure_windows, prompt_text, replay_requests  # noqa: E402
-from autotune.run.served_engine import ServedEngine  # noqa: E402
-from autotune.serve.bench_client import read_bench  # noqa: E402
-from autotune.serve.servers import HOST, free_port, run_client, serving  # noqa: E402
-
-
-def _reset(url: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30).read()
+import harness
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.study_report import load_report
+from autotune.core.workload import load_workload
+from autotune.gate import confirm
+from autotune.measure.config import StudyConfig
+from autotune.measure.metrics import measure
+from autotune.run.evaluate import trial_job
+from autotune.run.replay import measure_windows, prompt_text, replay_requests
+from autotune.run.served_engine import ServedEngine
+from autotune.serve.bench_client import read_bench
+from autotune.serve.servers import HOST, free_port, run_client, serving
 
 
 async def _own_window(engine: ServedEngine, reqs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     """One window as a study's served trial measures it (warm-up requests first, as a trial has)."""
-    import aiohttp
-
-    engine._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
-                                            connector=aiohttp.TCPConnector(limit=0))
+    engine.attach()
     try:
         prompts = [prompt_text(engine, r) for r in reqs]
         await replay_requests(engine, reqs[:warmup], prompts[:warmup], {"kind": "concurrency", "concurrency": 1},
@@ -61,26 +49,25 @@ async def _own_window(engine: ServedEngine, reqs: list[dict[str, Any]], warmup: 
         windows = await measure_windows(engine, reqs, prompts, {"kind": "concurrency", "concurrency": 1},
                                         {"repeats": 1, "max_repeats": 1}, lambda *a: None)
     finally:
-        await engine._session.close()
+        await engine.shutdown()  # closes the session; the server is the benchmark's
     m = measure(windows[0])
     return {"output_tok_s": m["output_tok_s"], "tpot_ms_p50": m.get("tpot_ms_p50"),
             "tokens": sum(len(r["token_ids"]) for r in windows[0]["requests"])}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="client_gap.json")
     ap.add_argument("results", nargs="?", default="results/demo")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default="benchmarks/data/client_gap.json")
     args = ap.parse_args()
     results = Path(args.results)
     report = load_report(results)
     wl = load_workload(report["workload"])
-    st = c._setup(results, report, wl, warmups=c.DEFAULT_WARMUPS, python=sys.executable)
+    st = confirm.setup(results, report, wl, python=sys.executable)
     kwargs = {"baseline": report["baseline"]["engine_kwargs"], "pick": report["best"]["engine_kwargs"]}
     cfg = StudyConfig(name="gap", results_dir=results, samples=0, settings=Settings(model=kwargs["baseline"]["model"]))
     reqs = trial_job(Candidate({"method": "none"}), wl, cfg)["requests"]  # the requests as a trial's job has them
-    out: dict[str, Any] = {"machine": hardware.describe(), "results": str(results), "rounds": args.rounds, "sides": {}}
+    out: dict[str, Any] = {"results": str(results), "rounds": args.rounds, "sides": {}}
     t0 = time.time()
     for side in ("baseline", "pick"):
         port = free_port()
@@ -92,7 +79,7 @@ def main() -> None:
             engine = ServedEngine(engine_kwargs=kwargs[side], log_path=st.out / f"gap-{side}.log", port=port)
             for i in range(args.rounds):
                 for client in (("own", "bench") if i % 2 == 0 else ("bench", "own")):
-                    _reset(server.base_url)
+                    harness.reset_prefix_cache(server.base_url)
                     if client == "own":
                         own.append(asyncio.run(_own_window(engine, reqs, warmup=2)))  # the study's --warmup default
                         got = own[-1]
@@ -110,7 +97,7 @@ def main() -> None:
                           f"({time.time() - t0:.0f} s)", flush=True)
         own_med = statistics.median(x["output_tok_s"] for x in own)
         bench_med = statistics.median(x["output_tok_s"] for x in bench)
-        pairs = [o["output_tok_s"] / b["output_tok_s"] for o, b in zip(own, bench)]
+        pairs = harness.paired([o["output_tok_s"] for o in own], [b["output_tok_s"] for b in bench])
         out["sides"][side] = {"own": own, "bench": bench, "own_median": own_med, "bench_median": bench_med,
                               "own_over_bench": own_med / bench_med, "paired_own_over_bench": pairs}
         print(f"{side}: own {own_med:.1f}, bench {bench_med:.1f} tok/s, own/bench {own_med / bench_med:.3f} "
@@ -121,8 +108,7 @@ def main() -> None:
     print(f"the study's client over bench: baseline {sides['baseline']['own_over_bench']:.3f}, pick "
           f"{sides['pick']['own_over_bench']:.3f}: a speedup read by the study's client is {out['claim_bias']:.3f} "
           f"of bench's on the same servers")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    harness.save(args.out, out, indent=2)
 
 
 if __name__ == "__main__":

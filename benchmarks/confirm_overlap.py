@@ -14,7 +14,6 @@ prefix cache reset before each run. A finished study folder gives the scripts an
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -22,34 +21,25 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from autotune.core.study_report import load_report  # noqa: E402
-from autotune.core.workload import load_workload  # noqa: E402
-from autotune.gate import confirm as c  # noqa: E402
-from autotune.run import hardware  # noqa: E402
-from autotune.serve.bench_client import read_bench  # noqa: E402
-from autotune.serve.servers import HOST, free_port, healthy, run_client, serving  # noqa: E402
-
-
-def _reset(url: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30).read()
+import harness
+from autotune.core.study_report import load_report
+from autotune.core.workload import load_workload
+from autotune.gate import confirm
+from autotune.serve.bench_client import read_bench
+from autotune.serve.servers import HOST, free_port, healthy, run_client, serving
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="confirm_overlap.json")
     ap.add_argument("results")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default="benchmarks/data/confirm_overlap.json")
     args = ap.parse_args()
     results = Path(args.results)
     report = load_report(results)
-    st = c._setup(results, report, load_workload(report["workload"]), warmups=c.DEFAULT_WARMUPS,
-                  python=sys.executable)
+    st = confirm.setup(results, report, load_workload(report["workload"]), python=sys.executable)
     env = {**st.env, "VLLM_SERVER_DEV_MODE": "1"}
     rows: list[dict[str, Any]] = []
     port = free_port()
@@ -58,7 +48,7 @@ def main() -> None:
                  what="the measured server") as server:
         for i in range(args.rounds):
             for beside in ((False, True) if i % 2 == 0 else (True, False)):
-                _reset(server.base_url)
+                harness.reset_prefix_cache(server.base_url)
                 other, t0 = None, time.time()
                 if beside:  # the next server starting, as an overlapped confirm would start it
                     p2 = free_port()
@@ -86,13 +76,11 @@ def main() -> None:
                       f"{rows[-1]['output_tok_s']:7.1f} tok/s, run {run_s:5.1f} s", flush=True)
     alone = [r["output_tok_s"] for r in rows if not r["beside"]]
     beside = [r["output_tok_s"] for r in rows if r["beside"]]
-    pairs = [b["output_tok_s"] / a["output_tok_s"] for a, b in zip([r for r in rows if not r["beside"]],
-                                                                   [r for r in rows if r["beside"]])]
+    pairs = harness.paired(beside, alone)
     summary = {"alone_median": statistics.median(alone), "beside_median": statistics.median(beside),
                "beside_over_alone_by_round": [round(x, 3) for x in pairs]}
     print(json.dumps(summary))
-    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "results": str(results),
-                                          "rows": rows, "summary": summary}, indent=1) + "\n")
+    harness.save(args.out, {"results": str(results), "rows": rows, "summary": summary})
 
 
 if __name__ == "__main__":

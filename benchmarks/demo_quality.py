@@ -15,13 +15,13 @@ k=3 and ngram k=3 lookup 2..4 on json_edit, vLLM's counters, one window each).
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 from autotune import demo
 from autotune.core.candidate import Candidate, Settings
 from autotune.demo.corpus import fresh_examples
@@ -72,7 +72,7 @@ def judged(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--fresh", type=int, default=64, help="held-out corpus prompts (all four domains)")
     ap.add_argument("--no-speculation", action="store_true", help="skip the acceptance runs")
     ap.add_argument("--pair", type=Path, default=demo.MODELS, help="a pair's folder (target/, draft/)")

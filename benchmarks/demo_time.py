@@ -15,21 +15,17 @@ than the saving (the demo's baseline served 143-416 tok/s across earlier runs).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import harness
 
-from autotune.run import hardware  # noqa: E402
+ROOT = harness.ROOT
 
 COMMAND = ["search", "examples/json_edit.jsonl", "--space", "quick", "--trials", "8", "--study", "demo", "--confirm"]
 
@@ -61,9 +57,7 @@ def run_once(n: int, arm: str, root: Path) -> dict[str, Any]:
     cmd = [str(ROOT / ".venv/bin/autotune"), *COMMAND, "--results", str(out),
            *(["--no-launcher"] if arm == "fresh" else [])]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.time() - t0
-    (root / f"{n}-{arm}.log").write_text(proc.stdout + proc.stderr)
+    proc, wall = harness.run_logged(cmd, root / f"{n}-{arm}.log")
     study = out / "demo"
     best_path = study / "best.json"
     if proc.returncode != 0 or not best_path.exists():
@@ -89,10 +83,9 @@ def run_once(n: int, arm: str, root: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="demo_time.json")
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--results", type=Path, default=None, help="default: a fresh temporary folder")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/data/demo_time.json"))
     ap.add_argument("--recount", action="store_true", help="recompute the study/confirm split of the saved --out")
     args = ap.parse_args()
     if args.recount:
@@ -108,9 +101,8 @@ def main() -> None:
         print(json.dumps({k: v for k, v in r.items() if k not in ("trial_wall_s",)}), flush=True)
     summary = summarize(runs)
     print(json.dumps(summary, indent=1))
-    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),
-                                          "command": ["autotune", *COMMAND], "order": order, "runs": runs,
-                                          "summary": summary, "folder": str(root)}, indent=1) + "\n")
+    harness.save(args.out, {"command": ["autotune", *COMMAND], "order": order, "runs": runs, "summary": summary,
+                            "folder": str(root)})
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,20 +17,20 @@ differs from another level's by less than that is no reason for a schedule.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 from autotune import demo
 from autotune.core.candidate import Candidate, Settings
 from autotune.measure.config import StudyConfig
 from autotune.demo.corpus import examples
 from autotune.run.evaluate import trial_job
 from autotune.core.load import LoadPattern, parse_levels
-from autotune.measure.metrics import measure_run, ratio_interval
+from autotune.measure.metrics import measure_run
 from autotune.run.worker import run_trial
 from autotune.core.workload import load_workload
 
@@ -53,7 +53,7 @@ def candidate(method: str, k: int) -> Candidate:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--method", default="ngram", choices=("ngram", "draft_model"))
     ap.add_argument("--depths", default="0,2,5,10,16")
     ap.add_argument("--levels", default="1,8,32,128,256")
@@ -91,7 +91,7 @@ def main() -> None:
         best = max(med, key=lambda k: med[k])
         cells = []
         for k in depths:
-            lo, hi = ratio_interval(at[k]["output_tok_s_windows"], at[best]["output_tok_s_windows"])
+            lo, hi = harness.ratio_interval(at[k]["output_tok_s_windows"], at[best]["output_tok_s_windows"])
             cells.append(f"{med[k]:7.0f} {med[k] / med[best]:.2f} [{lo:.2f}-{hi:.2f}]")
         print(f"{load.label:<16}" + "".join(f"{c:>22}" for c in cells) + f"{best:>7}")
 

@@ -27,7 +27,6 @@ machine; ``worker_side_s`` what a worker process that had imported vLLM once wou
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -37,13 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from autotune import demo  # noqa: E402
-from autotune.core.candidate import Candidate, Settings  # noqa: E402
-from autotune.run import hardware  # noqa: E402
-from autotune.serve.export import serve_argv  # noqa: E402
-from autotune.serve.servers import HOST, end_pgid, free_port, healthy  # noqa: E402
+import harness
+from autotune import demo
+from autotune.core.candidate import Candidate, Settings
+from autotune.serve.export import serve_argv
+from autotune.serve.servers import HOST, end_pgid, free_port, healthy
 
 WORKER_SIDE = """
 import json, sys
@@ -95,7 +92,7 @@ def _in_process(one_process: bool) -> dict:
         f.write(IN_PROCESS)
         f.flush()
         got = subprocess.run([sys.executable, f.name], capture_output=True, text=True, env=env, check=True,
-                             cwd=Path(__file__).resolve().parents[1])
+                             cwd=harness.ROOT)
     return json.loads(next(ln for ln in got.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
 
 
@@ -128,9 +125,8 @@ def _serve(argv: list[str], log: Path, *, beside: list[str] | None = None) -> fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, out="engine_start.json", summary=True)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/data/engine_start.json"))
     a = ap.parse_args()
     settings = Settings(model=str(demo.TARGET), dtype=demo.DTYPE, max_model_len=demo.MAX_MODEL_LEN,
                         gpu_memory_utilization=0.3)
@@ -155,17 +151,15 @@ def main() -> None:
             same_argmax = same_argmax and runs[False]["argmax"] == runs[True]["argmax"]
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in got.items()), flush=True)
     med = {k: statistics.median(v) for k, v in got.items()}
-    out = {"machine": {**hardware.describe(), "cores": os.cpu_count(), "avx512": bool(hardware.cpu_features())},
-           "rounds": a.rounds, "seconds": got, "median_s": med,
+    out = {"rounds": a.rounds, "seconds": got, "median_s": med,
            "worker_import_cost_s": med["serve_with_worker_s"] - med["serve_alone_s"],
            "ratio_serve_with_worker_to_alone": med["serve_with_worker_s"] / med["serve_alone_s"],
            "ratio_one_process_to_inprocess_start": med["inprocess_one_process_s"] / med["inprocess_start_s"],
            "same_argmax": same_argmax}
-    a.out.write_text(json.dumps(out, indent=2) + "\n")
+    harness.save(a.out, out, indent=2)
     print(json.dumps({k: out[k] for k in ("median_s", "worker_import_cost_s", "ratio_serve_with_worker_to_alone",
                                           "ratio_one_process_to_inprocess_start", "same_argmax")},
                      indent=2))
-    print(f"saved {a.out}")
 
 
 if __name__ == "__main__":

@@ -12,20 +12,15 @@ about alpha) and how often the broken variant that resamples from p after a reje
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from markov import speculative, target  # noqa: E402
-
-from autotune.measure.stats import sampler_test  # noqa: E402
+import harness
+from autotune.measure.stats import sampler_test
+from tests.markov import speculative, target
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--alpha", type=float, default=0.01)
     ap.add_argument("--prompts", type=int, default=2, help="independent tables combined in one test")

@@ -14,29 +14,24 @@ everything to ``--out``:
 
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
-import json
 import os
 import threading
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from autotune import demo  # noqa: E402
-from autotune.run import hardware  # noqa: E402
-from autotune.core.candidate import Candidate, Settings  # noqa: E402
-from autotune.measure.config import StudyConfig  # noqa: E402
-from autotune.run.evaluate import trial_job  # noqa: E402
-from autotune.core.load import LoadPattern  # noqa: E402
-from autotune.measure.metrics import measure_run  # noqa: E402
-from autotune.run.worker import run_trial  # noqa: E402
-from autotune.core.workload import load_workload  # noqa: E402
+import harness
+from autotune import demo
+from autotune.core.candidate import Candidate, Settings
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import trial_job
+from autotune.core.load import LoadPattern
+from autotune.measure.metrics import measure_run
+from autotune.run.worker import run_trial
+from autotune.core.workload import load_workload
 
 PICK = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 3,
         "enforce_eager": True}
@@ -118,12 +113,8 @@ def correlation(xs: list[float], ys: list[float]) -> float:
     return statistics.correlation(xs, ys) if len(xs) > 2 and len(set(xs)) > 1 and len(set(ys)) > 1 else float("nan")
 
 
-def spread(xs: list[float]) -> float:
-    return (max(xs) - min(xs)) / statistics.median(xs)
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="instance_noise.json")
     ap.add_argument("--workload", default="examples/json_edit.jsonl")
     ap.add_argument("--instances", type=int, default=5)
     ap.add_argument("--windows", type=int, default=2)
@@ -132,7 +123,6 @@ def main() -> None:
     ap.add_argument("--configs", default="baseline,pick", help="which of baseline,pick to measure")
     ap.add_argument("--no-probe", dest="probe", action="store_false",
                     help="skip the machine-speed probe around each instance")
-    ap.add_argument("--out", default="benchmarks/data/instance_noise.json")
     args = ap.parse_args()
     wl = load_workload(args.workload)
     settings = Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, dtype="float32",
@@ -165,20 +155,21 @@ def main() -> None:
                   f"{', '.join(f'{x:.1f}' for x in m['output_tok_s_windows'])}) at {time.time() - t0:.0f} s; "
                   f"the OpenMP core shared in {place.share():.0%} of samples "
                   f"({', '.join(f'{k} {v}' for k, v in place.others.most_common(4))})", flush=True)
-    summary: dict = {s: {"median": statistics.median(v), "spread": spread(v),
+    summary: dict = {s: {"median": statistics.median(v), "spread": harness.spread(v),
                          # the spread of each window position across instances: does it shrink as warm-up goes on?
-                         "spread_by_window": [spread([w[j] for w in windows[s]]) for j in range(args.windows)]}
+                         "spread_by_window": [harness.spread([w[j] for w in windows[s]])
+                                              for j in range(args.windows)]}
                      for s, v in tok.items()}
     for s, v in tok.items():
         if probes[s]:  # does the machine's own speed move with the instances' tok/s?
             for k in probes[s][0]:
                 speed = [x[k] for x in probes[s]]
                 summary[s][f"corr_{k}"] = correlation(v, speed)
-                summary[s][f"spread_{k}"] = spread(speed)
-                summary[s][f"spread_per_{k}"] = spread([t / x for t, x in zip(v, speed)])
-    paired = [p / b for p, b in zip(tok.get("pick", []), tok.get("baseline", []))]
+                summary[s][f"spread_{k}"] = harness.spread(speed)
+                summary[s][f"spread_per_{k}"] = harness.spread([t / x for t, x in zip(v, speed)])
+    paired = harness.paired(tok.get("pick", []), tok.get("baseline", []))
     if paired:
-        summary["speedup"] = {"paired": paired, "median": statistics.median(paired), "spread": spread(paired)}
+        summary["speedup"] = {"paired": paired, "median": statistics.median(paired), "spread": harness.spread(paired)}
     for s in sides:
         print(f"{s:<8} median {summary[s]['median']:.1f} tok/s, spread (max-min)/median {summary[s]['spread']:.1%} "
               f"over {args.instances} fresh instances")
@@ -190,14 +181,9 @@ def main() -> None:
     if paired:
         print(f"paired speedups {', '.join(f'{x:.2f}' for x in paired)}: median {summary['speedup']['median']:.2f}x, "
               f"spread {summary['speedup']['spread']:.1%}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),
-                                          "instrument": args.instrument, "instances": args.instances,
-                                          "warmup": args.warmup,
-                                          "windows": args.windows, "tok_s": tok, "windows_tok_s": windows,
-                                          "omp_core_shared": shared, "probe": probes,
-                                          "summary": summary}, indent=2) + "\n")
-    print(f"saved {args.out}")
+    harness.save(args.out, {"instrument": args.instrument, "instances": args.instances, "warmup": args.warmup,
+                            "windows": args.windows, "tok_s": tok, "windows_tok_s": windows,
+                            "omp_core_shared": shared, "probe": probes, "summary": summary}, indent=2)
 
 
 if __name__ == "__main__":

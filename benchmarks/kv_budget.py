@@ -13,38 +13,33 @@ saving is measured beside a check that the measured speed did not move beyond th
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from autotune import demo  # noqa: E402
-from autotune.core.candidate import Candidate, Settings  # noqa: E402
-from autotune.core.kv_budget import kv_cache_bytes, most_in_flight  # noqa: E402
-from autotune.core.load import LoadPattern  # noqa: E402
-from autotune.core.workload import Workload, load_workload  # noqa: E402
-from autotune.measure.config import StudyConfig  # noqa: E402
-from autotune.measure.metrics import measure_run  # noqa: E402
-from autotune.run import hardware  # noqa: E402
-from autotune.run.evaluate import trial_job  # noqa: E402
-from autotune.run.worker import run_trial  # noqa: E402
+import harness
+from autotune import demo
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.kv_budget import kv_cache_bytes, most_in_flight
+from autotune.core.load import LoadPattern
+from autotune.core.workload import Workload, load_workload
+from autotune.measure.config import StudyConfig
+from autotune.measure.metrics import measure_run
+from autotune.run.evaluate import trial_job
+from autotune.run.worker import run_trial
 
 BASE = {"method": "none", "enforce_eager": True}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="kv_budget.json")
     ap.add_argument("--workload", default="examples/json_edit.jsonl")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--instrument", default="served", choices=("served", "inprocess"))
-    ap.add_argument("--out", default="benchmarks/data/kv_budget.json")
     args = ap.parse_args()
     wl = load_workload(args.workload)
     wl = Workload(wl.path, wl.requests[:args.requests])
@@ -70,17 +65,16 @@ def main() -> None:
             print(f"round {i + 1} {side}: start {init[side][-1]:.1f} s, {tok[side][-1]:.1f} tok/s", flush=True)
     med = {s: {"engine_init_s": statistics.median(init[s]), "output_tok_s": statistics.median(tok[s])} for s in sides}
     result = {
-        "machine": hardware.describe(), "instrument": args.instrument, "rounds": args.rounds,
+        "instrument": args.instrument, "rounds": args.rounds,
         "requests": len(wl.requests), "sized_bytes": sized, "engine_init_s": init, "output_tok_s": tok,
         "median": med,
         "start_ratio_sized_over_share": med["sized"]["engine_init_s"] / med["share_0.3"]["engine_init_s"],
         "start_saved_s": med["share_0.3"]["engine_init_s"] - med["sized"]["engine_init_s"],
         "tok_s_ratio_sized_over_share": med["sized"]["output_tok_s"] / med["share_0.3"]["output_tok_s"],
-        "tok_s_spread_within": {s: (max(tok[s]) - min(tok[s])) / statistics.median(tok[s]) for s in sides},
+        "tok_s_spread_within": {s: harness.spread(tok[s]) for s in sides},
         "wall_s": round(time.time() - t0, 1),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    harness.save(args.out, result, indent=2)
     print(json.dumps({k: result[k] for k in ("median", "start_ratio_sized_over_share", "start_saved_s",
                                              "tok_s_ratio_sized_over_share", "tok_s_spread_within")}, indent=2))
 

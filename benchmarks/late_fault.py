@@ -26,17 +26,14 @@ and then the new test's power against draw length at one n. Run:
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from scipy.stats import kstest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from markov import LATE_FAULTS, P, START, late_fault, target_batch  # noqa: E402
-
-from autotune.measure.stats import HEAD_TOKENS, sampler_test, two_sample_test  # noqa: E402
+import harness
+from autotune.measure.stats import HEAD_TOKENS, sampler_test, two_sample_test
+from tests.markov import LATE_FAULTS, P, START, late_fault, target_batch
 
 CONDITIONS = ["exact", *LATE_FAULTS]
 
@@ -83,7 +80,7 @@ def one(n: int, cond: str, seed: int, args: argparse.Namespace, length: int,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--alpha", type=float, default=0.01)
     ap.add_argument("--prompts", type=int, default=2, help="independent requests combined in one test")

@@ -20,23 +20,20 @@ launched worker forks its engine core and CPU worker as a launched server does):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from autotune import demo  # noqa: E402
-from autotune.core.candidate import Candidate, Settings  # noqa: E402
-from autotune.core.workload import load_workload  # noqa: E402
-from autotune.measure.config import StudyConfig  # noqa: E402
-from autotune.run import hardware, launcher  # noqa: E402
-from autotune.run.evaluate import run_and_evaluate  # noqa: E402
+import harness
+from autotune import demo
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.workload import load_workload
+from autotune.measure.config import StudyConfig
+from autotune.run import launcher
+from autotune.run.evaluate import run_and_evaluate
 
 CONFIGS = {"baseline": {"method": "none", "enforce_eager": True},
            "ngram k=5": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4,
@@ -44,10 +41,9 @@ CONFIGS = {"baseline": {"method": "none", "enforce_eager": True},
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="launcher_start.json")
     ap.add_argument("--workload", default="examples/json_edit.jsonl")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default="benchmarks/data/launcher_start.json")
     ap.add_argument("--instrument", choices=["served", "inprocess"], default="served")
     args = ap.parse_args()
     wl = load_workload(args.workload)
@@ -107,10 +103,8 @@ def main() -> None:
         "all_passed": all(x["passed"] for x in rows),
     }
     print(json.dumps(summary, indent=1))
-    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "workload": args.workload,
-                                          "instrument": args.instrument,
-                                          "configs": CONFIGS, "order": order, "rows": rows, "pairs": pairs,
-                                          "summary": summary}, indent=1) + "\n")
+    harness.save(args.out, {"workload": args.workload, "instrument": args.instrument, "configs": CONFIGS,
+                            "order": order, "rows": rows, "pairs": pairs, "summary": summary})
 
 
 if __name__ == "__main__":

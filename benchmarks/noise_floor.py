@@ -20,12 +20,12 @@ reference's greedy tokens, so log-prob drifts compare the same token paths.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 from autotune import demo
 from autotune.core.candidate import Candidate, Settings
 from autotune.core.load import LoadPattern
@@ -55,7 +55,7 @@ ROWS = [("second", "reference"), ("conc4", "reference"), ("ngram", "reference"),
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("workload", nargs="?", default="examples/json_edit.jsonl")
     ap.add_argument("--dtype", default=demo.DTYPE, help="the reference's dtype (the demo pair: float32)")
     ap.add_argument("--runs", default=",".join(RUNS), help="which runs (the reference always runs first)")

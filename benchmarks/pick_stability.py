@@ -15,19 +15,14 @@ Nothing else should run on the machine meanwhile (about 10 minutes a run on a 2-
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import harness
 
-from autotune.run import hardware  # noqa: E402
+ROOT = harness.ROOT
 
 AGREE = 0.05  # claimed/served within 1 +- this: the target
 
@@ -36,10 +31,7 @@ def run_once(i: int, root: Path, extra: list[str]) -> dict[str, Any]:
     out = root / f"run{i}"
     cmd = [str(ROOT / ".venv/bin/autotune"), "search", "examples/json_edit.jsonl", "--space", "quick", "--trials", "8",
            "--study", "demo", "--results", str(out), "--confirm", *extra]
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.time() - t0
-    (root / f"run{i}.log").write_text(proc.stdout + proc.stderr)
+    proc, wall = harness.run_logged(cmd, root / f"run{i}.log")
     best_path = out / "demo" / "best.json"
     if proc.returncode != 0 or not best_path.exists():
         return {"run": i, "wall_s": wall, "failure": f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}"}
@@ -91,9 +83,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="pick_stability.json")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out", default="benchmarks/data/pick_stability.json")
     ap.add_argument("--summarize", metavar="FILE", help="recompute the summary of a saved output and save it back")
     ap.add_argument("--rebuild", metavar="FOLDER", help="rebuild the output from a run's folder (run*/demo/best.json; "
                                                         "wall times, if any, from FOLDER/wall_s.json)")
@@ -126,16 +117,13 @@ def main() -> None:
     save(args.out, runs, summarize(runs), args.extra, str(root))
 
 
-def save(out: str, runs: list[dict[str, Any]], summary: dict[str, Any], extra: list[str], logs: str,
+def save(out: Path, runs: list[dict[str, Any]], summary: dict[str, Any], extra: list[str], logs: str,
          rebuilt: bool = False) -> None:
     print(json.dumps(summary, indent=2))
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),
-                                     "command": "autotune search examples/json_edit.jsonl --space quick --trials 8 "
-                                                "--confirm " + " ".join(extra),
-                                     "rebuilt_from_run_folders": rebuilt,
-                                     "runs": runs, "summary": summary, "logs": logs}, indent=2) + "\n")
-    print(f"saved {out} (logs in {logs})")
+    harness.save(out, {"command": "autotune search examples/json_edit.jsonl --space quick --trials 8 --confirm "
+                                  + " ".join(extra),
+                       "rebuilt_from_run_folders": rebuilt, "runs": runs, "summary": summary, "logs": logs}, indent=2)
+    print(f"(logs in {logs})")
 
 
 if __name__ == "__main__":

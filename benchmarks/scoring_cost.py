@@ -13,22 +13,18 @@ events.jsonl (each event stamped with the worker's clock).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from autotune import demo  # noqa: E402
-from autotune.core.candidate import Candidate, Settings  # noqa: E402
-from autotune.core.workload import load_workload  # noqa: E402
-from autotune.measure.config import StudyConfig  # noqa: E402
-from autotune.run import hardware  # noqa: E402
-from autotune.run.evaluate import run_and_evaluate  # noqa: E402
+import harness
+from autotune import demo
+from autotune.core.candidate import Candidate, Settings
+from autotune.core.workload import load_workload
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import run_and_evaluate
 
 BASE = {"method": "none", "enforce_eager": True}
 PICK = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
@@ -46,11 +42,10 @@ def phases(events: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="scoring_cost.json")
     ap.add_argument("--workload", default="examples/json_edit.jsonl")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--instrument", default="served", choices=("served", "inprocess"))
-    ap.add_argument("--out", default="benchmarks/data/scoring_cost.json")
     args = ap.parse_args()
     wl = load_workload(args.workload)
     root = Path(tempfile.mkdtemp(prefix="scoring-"))
@@ -78,9 +73,8 @@ def main() -> None:
                "wall_s_median_on": statistics.median(r["wall_s"] for r in on),
                "wall_s_median_off": statistics.median(r["wall_s"] for r in off)}
     print(json.dumps(summary))
-    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "workload": args.workload,
-                                          "instrument": args.instrument, "candidate": PICK, "order": order,
-                                          "rows": rows, "summary": summary}, indent=1) + "\n")
+    harness.save(args.out, {"workload": args.workload, "instrument": args.instrument, "candidate": PICK,
+                            "order": order, "rows": rows, "summary": summary})
 
 
 if __name__ == "__main__":

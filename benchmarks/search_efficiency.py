@@ -21,7 +21,6 @@ wall time, against the grid's best and wall time.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import subprocess
 import sys
@@ -32,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parent / "data"
+import harness
+
+DATA = harness.DATA
 RUNS = Path("results/bench")
 WITHIN = 0.02
 
@@ -80,8 +81,7 @@ def table_of(results: Path) -> dict[str, Any]:
     choice = choose(study)
     pick = choice.trial.user_attrs.get(attrs.REMEASURE_OF, choice.trial.number) if choice else None
     return {"study": str(results), "workload": study.user_attrs.get(attrs.WORKLOAD), "pick": pick,
-            "space": study.user_attrs.get(attrs.SPACE), "date": datetime.date.today().isoformat(),
-            "machine": hardware.describe(), "vllm_version": hardware.vllm_version(),
+            "space": study.user_attrs.get(attrs.SPACE), "vllm_version": hardware.vllm_version(),
             "baseline": {"params": attrs.candidate(base), "outputs": base.user_attrs.get(attrs.OUTPUTS),
                          "ttft_ms_mean": bm.get("ttft_ms_mean"), "e2e_ms_mean": bm.get("e2e_ms_mean"),
                          "output_tok_s_windows": bm.get("output_tok_s_windows")},
@@ -99,9 +99,7 @@ def measure(a: argparse.Namespace) -> None:
                        tags=platform_tags("cpu")).grid())
     wall = _search(a.workload, a.space, "grid", study, n + 1)
     table = {**table_of(RUNS / study), "wall_s": round(wall, 1)}
-    DATA.mkdir(parents=True, exist_ok=True)
-    out = DATA / f"table-{wl}-{sp}.json"
-    out.write_text(json.dumps(table, indent=1))
+    out = harness.save(DATA / f"table-{wl}-{sp}.json", table)
     print(f"{out}: {len(table['rows'])} candidates measured in {wall / 60:.1f} min")
 
 
@@ -205,16 +203,16 @@ def replay_random(table: Table, seed: int, budget: int) -> dict[str, Any]:
 
 
 def replay_tpe(table: Table, seed: int, budget: int) -> dict[str, Any]:
-    """Optuna's TPE as a study runs it (autotune.study.loop._sampler), on the table's measurements."""
+    """Optuna's TPE as a study runs it (autotune.study.opening.sampler), on the table's measurements."""
     import optuna
     from optuna.trial import TrialState
 
-    from autotune.study.opening import sampler as _sampler
+    from autotune.study.opening import sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     obs = table.draw(np.random.default_rng(seed))
-    study = optuna.create_study(directions=["maximize"], sampler=_sampler(seed, "tpe"))
+    study = optuna.create_study(directions=["maximize"], sampler=sampler(seed, "tpe"))
     study.enqueue_trial(table.space.baseline_trial_params())
     order: list[str] = []
     seen: set[str] = set()
@@ -300,10 +298,7 @@ def replay(a: argparse.Namespace) -> None:
                   f" {row['total_min_p50']:>10.1f}"
                   f"   (within 4: {row['within_4']:.0%}; within the noise: found {row['found_in_noise']:.0%}, "
                   f"within 4: {row['in_noise_within_4']:.0%})")
-    DATA.mkdir(parents=True, exist_ok=True)
-    out = DATA / "search_efficiency.json"
-    out.write_text(json.dumps({"budget": a.budget, "seeds": a.seeds, "within": WITHIN, "tables": results}, indent=1))
-    print(f"\nwrote {out}")
+    harness.save(a.out, {"budget": a.budget, "seeds": a.seeds, "within": WITHIN, "tables": results})
 
 
 def versus(a: argparse.Namespace) -> None:
@@ -345,8 +340,7 @@ def versus(a: argparse.Namespace) -> None:
               "reached_trial": reached and reached[0], "reached_wall_s": reached and reached[1],
               "reached_share_of_grid_wall": reached and reached[1] / grid_wall}
     print(json.dumps(result, indent=1))
-    DATA.mkdir(parents=True, exist_ok=True)
-    (DATA / f"versus-{wl}-{sp}.json").write_text(json.dumps(result, indent=1))
+    harness.save(DATA / f"versus-{wl}-{sp}.json", result)
 
 
 def _key(row: dict[str, Any]) -> str:
@@ -356,7 +350,7 @@ def _key(row: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, summary=True)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure")
     m.add_argument("workload")
@@ -365,6 +359,7 @@ def main() -> None:
     r.add_argument("tables", nargs="+")
     r.add_argument("--seeds", type=int, default=50)
     r.add_argument("--budget", type=int, default=25, help="Candidates after the baseline at most.")
+    r.add_argument("--out", type=Path, default=DATA / "search_efficiency.json")
     v = sub.add_parser("versus")
     v.add_argument("workload")
     v.add_argument("--space", default="quick")

@@ -21,7 +21,6 @@ the instrument's claim over the served one. Saves everything to ``--out`` (JSON)
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -32,20 +31,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from autotune import demo  # noqa: E402
-from autotune.run import hardware  # noqa: E402
-from autotune.serve.bench_client import client_plan, read_bench  # noqa: E402
-from autotune.core.candidate import Candidate, Settings  # noqa: E402
-from autotune.measure.config import StudyConfig  # noqa: E402
-from autotune.run.evaluate import trial_job  # noqa: E402
-from autotune.serve.export import serve_script  # noqa: E402
-from autotune.core.load import LoadPattern  # noqa: E402
-from autotune.measure.metrics import measure_run  # noqa: E402
-from autotune.serve.servers import HOST, free_port, run_client, serving  # noqa: E402
-from autotune.run.worker import run_trial  # noqa: E402
-from autotune.core.workload import load_workload  # noqa: E402
+import harness
+from autotune import demo
+from autotune.run import hardware
+from autotune.serve.bench_client import client_plan, read_bench
+from autotune.core.candidate import Candidate, Settings
+from autotune.measure.config import StudyConfig
+from autotune.run.evaluate import trial_job
+from autotune.serve.export import serve_script
+from autotune.core.load import LoadPattern
+from autotune.measure.metrics import measure_run
+from autotune.serve.servers import HOST, free_port, run_client, serving
+from autotune.run.worker import run_trial
+from autotune.core.workload import load_workload
 
 PICK = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 3,
         "enforce_eager": True}
@@ -151,13 +149,12 @@ def _served_own(cand: Candidate, settings: Settings, wl: Any, workdir: Path, win
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="served_gap.json")
     ap.add_argument("--workload", default="examples/json_edit.jsonl")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", default="inproc,served")
     ap.add_argument("--windows", type=int, default=2, help="measured windows per instance")
     ap.add_argument("--pick", default=json.dumps(PICK))
-    ap.add_argument("--out", default="benchmarks/data/served_gap.json")
     args = ap.parse_args()
     wl = load_workload(args.workload)
     settings = Settings(model=str(demo.TARGET), max_model_len=demo.MAX_MODEL_LEN, dtype="float32",
@@ -204,13 +201,9 @@ def main() -> None:
         s["claim_over_served"] = vs
         print(f"{inst:<14} {s['tok_s']['baseline']:14.1f} {s['tok_s']['pick']:11.1f} {s['speedup']:7.2f}x {vs:10.3f} "
               f"{s['tpot_ms_p50']['baseline']:12.2f} {s['tpot_ms_p50']['pick']:12.2f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cpu_features": sorted(hardware.cpu_features()),
-                                          "workload": args.workload, "rounds": args.rounds, "windows": args.windows,
-                                          "pick": json.loads(args.pick), "runs": runs, "summary": summary,
-                                          "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}},
-                                         indent=2) + "\n")
-    print(f"saved {args.out}")
+    harness.save(args.out, {"workload": args.workload, "rounds": args.rounds, "windows": args.windows,
+                            "pick": json.loads(args.pick), "runs": runs, "summary": summary,
+                            "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}}, indent=2)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ for each point left, the fastest point it measured (every point starts an engine
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -38,11 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import harness
+from autotune.core import attrs
 
-from autotune.core import attrs  # noqa: E402
-from autotune.run import hardware  # noqa: E402
+ROOT = harness.ROOT
 
 AUTOTUNE = [sys.executable, "-m", "autotune.cli.app"]
 STOP_GRACE_S = 240  # autotune ends a served trial's engines and writes its records
@@ -160,7 +158,7 @@ def _sweep(args: argparse.Namespace, cap_s: float | None) -> dict[str, Any]:
     """`vllm bench sweep serve` over every point of the space, as autotune would export each."""
     from autotune.cli.search import SearchOptions, prepare
     from autotune.core.workload import load_workload
-    from autotune.gate import confirm as c
+    from autotune.gate import confirm
     from autotune.core.study_report import load_report
     from autotune.serve.export import serve_argv
     from autotune.serve.servers import HOST, free_port
@@ -183,8 +181,7 @@ def _sweep(args: argparse.Namespace, cap_s: float | None) -> dict[str, Any]:
     shim.chmod(0o755)
     port = free_port()
     report = load_report(args.results / "ttp-predict")
-    st = c._setup(args.results / "ttp-predict", report, load_workload(report["workload"]),
-                  warmups=c.DEFAULT_WARMUPS, python=sys.executable)
+    st = confirm.setup(args.results / "ttp-predict", report, load_workload(report["workload"]), python=sys.executable)
     serve_cmd = [str(shim), "serve", *serve_argv(base_kw), "--host", HOST, "--port", str(port)]
     bench_cmd = [str(shim), *st.client[3:], "--base-url", f"http://{HOST}:{port}"]
     argv = [str(shim), "bench", "sweep", "serve", "--serve-cmd", shlex.join(serve_cmd),
@@ -256,14 +253,13 @@ def recount(path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, out="time_to_pick.json")
     ap.add_argument("--workload", default="examples/json_edit.jsonl")
     ap.add_argument("--space", default="quick")
     ap.add_argument("--trials", type=int, default=8, help="predict's --trials (the demo's)")
     ap.add_argument("--cap", type=float, default=4.0, help="stop grid and sweep after this many times predict's wall")
     ap.add_argument("--arms", default="predict,grid,sweep")
     ap.add_argument("--results", type=Path, default=None, help="default: results/bench/time_to_pick-<time>")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/data/time_to_pick.json"))
     ap.add_argument("--recount", action="store_true", help="read a saved run's files again (--out, its results "
                     "folder) and rewrite --out: the served figures, the sweep's points within its cap")
     args = ap.parse_args()
@@ -275,11 +271,10 @@ def main() -> None:
 
     args.points = len(prepare(SearchOptions(workload=Path(args.workload), space=args.space)).space.grid())
     arms = args.arms.split(",")
-    out: dict[str, Any] = {"machine": hardware.describe(), "avx512": "cpu-avx512" in hardware.platform_tags("cpu"),
-                           "date": datetime.date.today().isoformat(), "workload": args.workload,
+    out: dict[str, Any] = {"workload": args.workload,
                            "space": args.space, "points": args.points, "cap": args.cap,
                            "results": str(args.results.relative_to(ROOT)), "arms": {}}
-    save = lambda: Path(args.out).write_text(json.dumps(out, indent=1) + "\n")  # noqa: E731 - after each arm
+    save = lambda: harness.save(args.out, out)  # noqa: E731 - after each arm
     if "predict" in arms:
         out["arms"]["predict"] = _search(args, "predict", args.trials, None)
         save()
