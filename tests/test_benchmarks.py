@@ -202,3 +202,32 @@ def test_the_harness_resets_a_servers_prefix_cache_and_logs_a_command(tmp_path: 
     assert posted == ["/reset_prefix_cache"]
     proc, wall = harness.run_logged([sys.executable, "-c", "print('to the log')"], tmp_path / "x.log")
     assert proc.returncode == 0 and wall > 0 and (tmp_path / "x.log").read_text() == "to the log\n"
+
+
+def _retired() -> set[str]:
+    section = _contributing_section().split("Retired benchmarks", 1)
+    return set(re.findall(r"^\| `([^`]+\.py)`", section[1], flags=re.M)) if len(section) == 2 else set()
+
+
+def test_every_benchmark_and_data_file_the_repo_names_exists_or_is_retired() -> None:
+    """A `benchmarks/X.py` named in the README, docs/, autotune/, tests/ or scripts/ exists, or
+    CONTRIBUTING lists it as retired (with the commit that holds it); a `benchmarks/data/F` exists
+    (a `*` in F matching at least one file)."""
+    files = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("autotune/**/*.py"), *ROOT.glob("scripts/*"),
+             *(p for p in ROOT.glob("tests/*.py") if p.name != Path(__file__).name)]
+    retired, missing = _retired(), []
+    assert {"serve_timeline.py", "demo_pair.py"} <= retired  # the table is read
+    for f in files:
+        if not f.is_file():
+            continue
+        for ref in set(re.findall(r"benchmarks/(?:data/)?[A-Za-z0-9_*.-]*[A-Za-z0-9_*]", f.read_text())):
+            name = ref.split("/")[-1]
+            if ref.startswith("benchmarks/data/"):
+                ok = any((BENCH / "data").glob(name))
+            elif ref.endswith(".py"):
+                ok = any(BENCH.glob(name)) or name in retired
+            else:
+                continue
+            if not ok:
+                missing.append(f"{f.relative_to(ROOT)}: {ref}")
+    assert missing == []
