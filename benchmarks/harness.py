@@ -26,8 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
-if str(ROOT) not in sys.path:  # this checkout's autotune, not an installed (editable) one elsewhere
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's autotune first, before an installed (editable) one elsewhere
 
 from autotune.measure.metrics import ratio_interval  # noqa: E402
 from autotune.run import hardware  # noqa: E402
