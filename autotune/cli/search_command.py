@@ -35,7 +35,8 @@ def search(
     draft_model: Annotated[Optional[str], typer.Option(help="Draft model for method draft_model.",
                                                        envvar="AUTOTUNE_DRAFT_MODEL")] = None,
     eagle_head: Annotated[Optional[str], typer.Option(help="EAGLE draft head (GPU).")] = None,
-    eagle3_head: Annotated[Optional[str], typer.Option(help="EAGLE-3 draft head (GPU).")] = None,
+    eagle3_head: Annotated[Optional[str], typer.Option(help="EAGLE-3 head for --model (the demo pair brings one; "
+                                                            "CPU or GPU): forecast from its trace, then measured.")] = None,
     space: Annotated[Optional[str], typer.Option(help="Search space: bundled name (cpu, gpu, quick) or YAML file. "
                                                       "Default: the platform's.", envvar="AUTOTUNE_SPACE")] = None,
     format: Annotated[str, typer.Option("--format", metavar="FORMAT", help=f"Workload format: {', '.join(FORMATS)} "
