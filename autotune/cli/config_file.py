@@ -1,7 +1,8 @@
 """`search --config FILE`: a YAML file of search's own options, as `vllm serve --config` takes vLLM's.
 
 Keys are the long options without dashes (`trials: 8`, `space: quick`, `past-edge: false`; `_` and
-`-` alike). The file fills click's default_map, so a flag given on the command line still wins.
+`-` alike), and `workload`. The file fills the command's default_map, so a flag given on the
+command line, or an option's AUTOTUNE_* environment variable, still wins over it.
 """
 
 from __future__ import annotations
