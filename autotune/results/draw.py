@@ -86,7 +86,7 @@ def to_png(chart: Any, path: Path) -> None:
             continue
         open_ = s.symbol.endswith("-open")
         ax.plot(s.x, s.y, label=s.name, color=color, linestyle="-" if "lines" in s.kind else "none",
-                marker=MARKERS.get(s.symbol, "o"), markersize=s.size * (0.9 if s.symbol == "star" else 0.7),
+                marker=MARKERS.get(s.symbol, "o") if "markers" in s.kind else None, markersize=s.size * (0.9 if s.symbol == "star" else 0.7),
                 alpha=s.opacity, markerfacecolor="none" if open_ else color, markeredgewidth=2 if open_ else 1)
         yspans, xspans = _spans(s.y, s.error), _spans(s.x, s.x_error)
         if yspans or xspans:
