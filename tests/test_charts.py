@@ -109,3 +109,19 @@ def test_charts_draw_in_both_renderers(study, tmp_path):
             to_plotly(chart)
             to_png(chart, tmp_path / f"{chart.slug}.png")
             assert (tmp_path / f"{chart.slug}.png").stat().st_size > 10_000
+
+
+def test_category_speedups_carry_their_interval(study):
+    _, report = study
+    cats = {"edit": {"requests": 4, "output_tok_s": 300.0, "tpot_ms_p50": 3.0, "mean_accepted_length": 3.1},
+            "chat": {"requests": 4, "output_tok_s": 120.0, "tpot_ms_p50": 8.0, "mean_accepted_length": 1.4}}
+    report["best"].update(measurement={"by_category": cats}, speedup_by_category={
+        "edit": {"output_tok_s": 2.5, "output_tok_s_lo": 2.2, "output_tok_s_hi": 2.9, "tpot_ms_p50": 2.4},
+        "chat": {"output_tok_s": 1.1, "output_tok_s_lo": 0.9, "output_tok_s_hi": 1.3, "tpot_ms_p50": 1.0}})
+    chart = category_chart(report)
+    assert INTERVAL in chart.y_title
+    assert chart.series[0].y == [2.5, 1.1] and chart.series[0].error == [(2.2, 2.9), (0.9, 1.3)]
+    for v in report["best"]["speedup_by_category"].values():  # an older best.json: no interval, and said so
+        del v["output_tok_s_lo"], v["output_tok_s_hi"]
+    chart = category_chart(report)
+    assert chart.series[0].error is None and "none" in chart.note

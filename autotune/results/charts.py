@@ -266,7 +266,8 @@ def category_chart(report: dict[str, Any]) -> Chart:
 
     best = report.get("best") or {}
     chart = Chart("category", "Speedup of the pick by category", "request category",
-                  "ratio to the baseline's same category (> 1: better)", hline=(1.0, "baseline"))
+                  f"ratio to the baseline's same category (> 1: better; {INTERVAL} over windows)",
+                  hline=(1.0, "baseline"))
     rows = [r for r in category_table(best) if r["speedup"] is not None] if best.get("speedup_by_category") else []
     if not rows:
         chart.note = ("No pick to break down." if not best else
@@ -276,12 +277,14 @@ def category_chart(report: dict[str, Any]) -> Chart:
     hover = [f"{r['category']}: {r['requests']} requests, {r['output_tok_s']:.1f} tok/s, "
              f"accepted length {_num(r['mean_accepted_length']):.2f}" for r in rows]
     # Bars are metrics, not methods: colours no method uses.
+    bounds = [(_num(r.get("speedup_lo")), _num(r.get("speedup_hi"))) for r in rows]
     chart.series = [Series("output tok/s", chart.categories, [r["speedup"] for r in rows], kind="bar", hover=hover,
-                           color=other_color(0)),
+                           color=other_color(0), error=bounds if all(b == b for b, _ in bounds) else None),
                     Series("TPOT p50", chart.categories, [_num(r["tpot_speedup"]) for r in rows], kind="bar",
                            hover=hover, color=other_color(2))]
     chart.title += f": trial {best['trial']} {best['label']}"
-    chart.note = "Ratios of each category's medians; no interval is saved per category (see the table)."
+    chart.note = ("Ratios of each category's medians on the pick's first engine; TPOT has no interval"
+                  + ("." if chart.series[0].error else ", and results from before per-category windows none."))
     return chart
 
 
