@@ -173,3 +173,31 @@ def test_the_claimed_served_collation_matches_its_sources():
     assert s["within_5pct"] == sum(abs(r - 1) <= 0.05 for r in ratios)
     saved = {p.name for p in DATA.glob("*.json") if "claimed" in p.read_text() and p.name != "claimed_served.json"}
     assert saved <= {r["file"] for r in data["runs"]}  # no saved run left out unannounced
+
+
+LOG_BLOCK = re.compile(r"<!-- log: (\S+) -->\n```text\n(.*?)```", re.S)
+
+
+def foreign_lines(text: str) -> list[str]:
+    """Lines of each fenced block tagged `<!-- log: FILE -->` (FILE under benchmarks/data/) that are not
+    in that log, compared with runs of spaces closed up and `...` marking an elision."""
+    bad = []
+    for log, block in LOG_BLOCK.findall(text):
+        saved = " ".join((DATA / log).read_text().split())
+        for line in block.splitlines():
+            for part in line.split("..."):
+                part = " ".join(part.split()).strip("( )")
+                if len(part) >= 4 and part not in saved:
+                    bad.append(f"{log}: {part!r}")
+    return bad
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_tagged_sample_output_is_from_its_log(doc):
+    assert foreign_lines(doc.read_text()) == []
+
+
+def test_a_planted_foreign_line_is_caught():
+    block = "<!-- log: demo_time_launched_no_avx512.log -->\n```text\ntrial   0 none eager {} tok/s\n```\n"
+    assert foreign_lines(block.format("73.2 ± 0.8")) == []
+    assert foreign_lines(block.format("93.2 ± 0.8"))
