@@ -48,6 +48,10 @@ def test_by_category_medians_over_windows_and_speedups():
     s = category_speedup(c, b)
     assert s["editing"]["output_tok_s"] == pytest.approx(0.8 / 0.3) and s["editing"]["tpot_ms_p50"] > 1
     assert s["math"]["output_tok_s"] < 1 and s["math"]["tpot_ms_p50"] < 1  # speculation lost here
+    # the throughput ratio's interval over the windows (here alike, so a point)
+    assert s["editing"]["output_tok_s_lo"] == pytest.approx(0.8 / 0.3) == s["editing"]["output_tok_s_hi"]
+    del c["editing"]["output_tok_s_windows"]  # a measurement from before per-category windows: the ratio alone
+    assert "output_tok_s_lo" not in category_speedup(c, b)["editing"]
     out = rows(1, "ngram k=3", "candidate", c, s)
     assert [r["category"] for r in out] == ["editing", "math"] and out[0]["acceptance_by_pos"] == "1.000 1.000 0.500"
     assert out[0]["speedup_output_tok_s"] == pytest.approx(0.8 / 0.3)

@@ -11,39 +11,48 @@ import typer
 from rich.console import Console
 
 from autotune.cli import edge
-from autotune.cli.edge import (_TURNS_HELP, Strategy, _choice, _instrument, _turns, _workload_format, app, console, err)
+from autotune.cli.config_file import load_config
+from autotune.cli.edge import (_TURNS_HELP, Instrument, Strategy, Turns, _choice, _instrument, _turns,
+                               _workload_format, app, console, err)
+from autotune.cli.help_panels import PanelledCommand, choices, help_all
 from autotune.core import errors
 from autotune.core.formats import FORMATS
 from autotune.cli.present import search_summary
 from autotune.run.launcher import held as launcher_held
 
 
-@app.command(epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
+@app.command(cls=PanelledCommand, epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
              "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30")
 def search(
     workload: Annotated[Path, typer.Argument(help="Workload JSONL (native form; see README).")],
+    config: Annotated[Optional[Path], typer.Option(
+        metavar="FILE", is_eager=True, callback=load_config,
+        help="YAML of these options (trials: 8, space: quick); flags given here win.")] = None,
+    help_all_: Annotated[bool, typer.Option("--help-all", is_eager=True, callback=help_all, expose_value=False,
+                                            help="Show every option, the expert ones too, and exit.")] = False,
     model: Annotated[Optional[str], typer.Option(help="Target model (path or HF id). Default: the bundled demo pair.",
                                                  envvar="AUTOTUNE_MODEL")] = None,
     draft_model: Annotated[Optional[str], typer.Option(help="Draft model for method draft_model.",
                                                        envvar="AUTOTUNE_DRAFT_MODEL")] = None,
     eagle_head: Annotated[Optional[str], typer.Option(help="EAGLE draft head (GPU).")] = None,
-    eagle3_head: Annotated[Optional[str], typer.Option(help="EAGLE-3 draft head (GPU).")] = None,
+    eagle3_head: Annotated[Optional[str], typer.Option(help="EAGLE-3 head for --model (the demo pair brings one; "
+                                                            "CPU or GPU): forecast from its trace, then measured.")] = None,
     space: Annotated[Optional[str], typer.Option(help="Search space: bundled name (cpu, gpu, quick) or YAML file. "
                                                       "Default: the platform's.", envvar="AUTOTUNE_SPACE")] = None,
-    format: Annotated[str, typer.Option("--format", help=f"Workload format: {', '.join(FORMATS)} (questions: "
-                                                        "Spec-Bench, MT-Bench).")] = "auto",
+    format: Annotated[str, typer.Option("--format", metavar="FORMAT", help=f"Workload format: {', '.join(FORMATS)} "
+                                                                           "(questions: Spec-Bench, MT-Bench).")] = "auto",
     output_len: Annotated[Optional[int], typer.Option(min=1, help="max_tokens for requests that set none "
                                                               "(vllm-bench files carry prompts only).")] = None,
-    turns: Annotated[Optional[str], typer.Option(help=_TURNS_HELP)] = None,
+    turns: Annotated[Optional[str], typer.Option(metavar=choices(Turns), help=_TURNS_HELP)] = None,
     drop_too_long: Annotated[bool, typer.Option(help="Leave out requests whose prompt + max_tokens exceed the "
                                                      "model's context (default: refuse them, exit 2).")] = False,
     trials: Annotated[int, typer.Option(min=1, help="Trials to finish at most, the baseline included.")] = 8,
-    strategy: Annotated[str, typer.Option(help="How candidates are chosen: predict (forecast every candidate from "
+    strategy: Annotated[str, typer.Option(metavar=choices(Strategy), help="How candidates are chosen: predict (forecast every candidate from "
                                                "the baseline's tokens and the step costs measured so far, measure "
                                                "what can win, stop when nothing can beat the best by more than "
                                                "the noise), grid (the space in order), tpe or random (Optuna's "
                                                "samplers).")] = "predict",
-    instrument: Annotated[str, typer.Option(help="How each trial is measured: served (the candidate's exported "
+    instrument: Annotated[str, typer.Option(metavar=choices(Instrument), help="How each trial is measured: served (the candidate's exported "
                                                  "`vllm serve` command, driven over HTTP: the number users get) "
                                                  "or inprocess (vLLM's AsyncLLM in the worker: skips the serving "
                                                  "cost of each request, so it overstates speedups).")] = "served",
@@ -88,10 +97,8 @@ def search(
     levels: Annotated[Optional[str], typer.Option(help="Concurrency levels the service will see, e.g. 1,8: every "
                                                        "trial is measured at each (the first is the study's own "
                                                        "load) and under a ramp between them; the pick's method "
-                                                       "then gets a depth per batch size "
-                                                       "(num_speculative_tokens_per_batch_size), kept only if it "
-                                                       "is within the noise of the best fixed depth at every "
-                                                       "level and under the ramp.")] = None,
+                                                       "then gets a depth per batch size, kept if it holds at "
+                                                       "every level and under the ramp.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Measured windows per trial (median and MAD reported).")] = 2,
     max_repeats: Annotated[int, typer.Option(min=0, help="Re-measure a candidate whose throughput spread (MAD) is "
                                                         "over 3%, up to this many windows in all (0: never).")] = 4,
@@ -129,7 +136,7 @@ def search(
         help="Old results (folder or best.json): re-measure its pick and Pareto set first.",
         envvar="AUTOTUNE_WARM_START")] = None,
     try_: Annotated[Optional[list[str]], typer.Option(
-        "--try", help="A config to measure first, as JSON of space parameters, e.g. "
+        "--try", metavar="JSON", help="A config to measure first, as JSON of space parameters, e.g. "
                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'; knobs left out take the "
                       "space's baseline values (kv_cache_dtype, quantization, ...), the verification knobs vLLM's "
                       "(rejection_sample_method standard, draft_sample_method greedy). Repeatable.")] = None,

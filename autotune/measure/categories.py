@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from autotune.measure.acceptance import acceptance
-from autotune.measure.metrics import complete, request_latency
+from autotune.measure.metrics import complete, ratio_interval, request_latency
 
 # Per-category metrics (medians over windows) and the direction of their speedup ratio.
 RATIOS = {"output_tok_s": "maximize", "tpot_ms_p50": "minimize", "e2e_ms_p50": "minimize"}
@@ -105,6 +105,7 @@ def by_category(windows: list[dict[str, Any]], categories: dict[str, str], k: in
         per = [window_metrics([r for r in w["requests"] if categories.get(r["id"]) == name]) for w in windows]
         m: dict[str, Any] = {key: float(np.median([p[key] for p in per])) for key in
                              ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50")}
+        m["output_tok_s_windows"] = [p["output_tok_s"] for p in per]  # for the speedup's interval
         m["requests"] = per[0]["requests"]  # every window replays the same requests
         m["completed"] = sum(p["completed"] for p in per)
         m["output_tokens"] = int(np.median([p["output_tokens"] for p in per]))
@@ -124,7 +125,9 @@ def _ratio(a: Any, b: Any) -> float:
 
 
 def category_speedup(cand: dict[str, dict[str, Any]], base: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per category, ratios to the baseline's same category, each > 1 when the candidate is better."""
+    """Per category, ratios to the baseline's same category, each > 1 when the candidate is better; the
+    throughput ratio with its 95% bootstrap interval over the windows (``output_tok_s_lo`` .. ``_hi``)
+    where both sides kept them (measurements from before they did have the ratio alone)."""
     out = {}
     for name, m in cand.items():
         b = base.get(name)
@@ -132,6 +135,9 @@ def category_speedup(cand: dict[str, dict[str, Any]], base: dict[str, dict[str, 
             continue
         out[name] = {key: _ratio(m.get(key), b.get(key)) if d == "maximize" else _ratio(b.get(key), m.get(key))
                      for key, d in RATIOS.items()}
+        if m.get("output_tok_s_windows") and b.get("output_tok_s_windows"):
+            lo, hi = ratio_interval(m["output_tok_s_windows"], b["output_tok_s_windows"])
+            out[name].update(output_tok_s_lo=lo, output_tok_s_hi=hi)
     return out
 
 

@@ -1,7 +1,11 @@
-"""The report's plots: each described once as a ``Chart`` and drawn by plotly (HTML) and matplotlib (PNG).
+"""The report's plots: each described once as a ``Chart``, drawn by autotune.results.draw (plotly for the
+HTML, matplotlib for the PNGs); tests read these objects, not pixels.
 
 From the saved trials table and StudyReport only (autotune.results.report reads them): the Pareto front,
-speedup by method and depth, acceptance by position, parameter importances, speedup by category.
+speedup by method and depth, forecast against measurement, acceptance by position, parameter importances,
+speedup by category. Rules every chart keeps: a method has one colour (autotune.results.method_colors);
+a speedup carries its 95% interval as error bars; the pick is marked, with why; a trial superseded by
+its re-measurement is drawn faded; where `autotune confirm` ran, the served figure stands beside the claim.
 """
 
 from __future__ import annotations
@@ -12,13 +16,13 @@ from typing import Any
 
 import pandas as pd
 
+from autotune.core.candidate import Candidate
 from autotune.measure.objectives import direction
+from autotune.results.method_colors import method_color, other_color
 
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fewer completed trials say nothing about which knob matters
 MAX_ACCEPTANCE_LINES = 10  # more lines than this are unreadable; the best by acceptance are kept
-# One palette (matplotlib's tab10, plotly's D3) so a method has the same colour in the HTML and the PNG.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-MARKERS = {"circle": "o", "star": "*", "diamond": "D", "x": "x"}  # plotly symbol -> matplotlib marker
+INTERVAL = "bars: 95% interval"  # the unit of every speedup's error bars, said on its axis
 TABLE_COLUMNS = ("trial", "label", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s", "acceptance_rate",
                  "mean_accepted_length", "acceptance_by_pos", "correct", "status", "pareto", "verdict", "failure")
 
@@ -36,6 +40,11 @@ class Series:
     color: str | None = None
     text: list[str] | None = None  # drawn next to each point
     hover: list[str] | None = None
+    method: str | None = None  # the speculative method drawn (its colour is method_color's), None: not a method
+    error: list[tuple[float, float]] | None = None  # each y's (lo, hi): a 95% interval, drawn as error bars
+    x_error: list[tuple[float, float]] | None = None  # each x's (lo, hi)
+    opacity: float = 1.0  # < 1: superseded, drawn faded
+    hatch: bool = False  # a served figure (vllm bench serve) beside the study's bars
 
 
 @dataclass
@@ -70,8 +79,48 @@ def _hover(rows: pd.DataFrame) -> list[str]:
     return [f"trial {int(r.trial)}: {r.label}" for r in rows.itertuples()]
 
 
+def _methods(rows: pd.DataFrame) -> pd.Series:
+    """Each row's speculative method (the baseline's is none)."""
+    if "param_method" in rows:
+        return rows["param_method"].fillna("none").astype(str)
+    return rows["label"].astype(str).str.split().str[0]
+
+
+def _bounds(rows: pd.DataFrame, lo: str, hi: str) -> list[tuple[float, float]] | None:
+    if lo not in rows or hi not in rows:
+        return None
+    return [(_num(a), _num(b)) for a, b in zip(rows[lo], rows[hi])]
+
+
+def _current(rows: pd.DataFrame) -> pd.Series:
+    """True for a row no re-measurement has superseded (its pooled record is drawn instead)."""
+    if "superseded_by" not in rows:
+        return pd.Series(True, index=rows.index)
+    return rows["superseded_by"].isna()
+
+
+def _served(report: dict[str, Any]) -> tuple[float, float, float] | None:
+    """The pick's served speedup and its interval, where `autotune confirm` ran."""
+    sv = (report.get("best") or {}).get("served") or {}
+    value = _num(sv.get("speedup"))
+    return (value, _num(sv.get("speedup_lo")), _num(sv.get("speedup_hi"))) if value == value else None
+
+
+def pick_why(report: dict[str, Any]) -> str:
+    """Why the pick was picked, in a legend's words: lossless first, then the fastest correct."""
+    best = report.get("best") or {}
+    passed = report.get("lossless_first")
+    if passed:
+        return (f"lossless first: lossy #{passed['passed_over']} is faster, but its gain is not above "
+                f"+{passed.get('min_gain', 0.03):.0%}")
+    if best and Candidate(best.get("candidate") or {}).lossy:
+        return "lossy, its gain over the best lossless config above the bar"
+    return "the fastest correct config, lossless"
+
+
 def pareto_chart(frame: pd.DataFrame, report: dict[str, Any]) -> Chart:
-    """Primary objective against the second, each measured trial by its standing, the baseline marked."""
+    """Primary objective against the second, each measured trial by method and standing; the pick and the
+    baseline marked; superseded trials faded (their pooled re-measurement is the point that counts)."""
     objectives = list(report.get("objectives") or ["output_tok_s", "e2e_ms_p50"])
     if len(objectives) < 2:  # one objective has no trade-off: set it against median latency
         objectives.append("e2e_ms_p50" if objectives[0] != "e2e_ms_p50" else "output_tok_s")
@@ -81,57 +130,84 @@ def pareto_chart(frame: pd.DataFrame, report: dict[str, Any]) -> Chart:
         chart.note = f"trials table has no column {x if x not in frame.columns else y}; results from an older autotune"
         return chart
     done = frame[(frame["state"] == "COMPLETE") & frame[x].map(_num).notna() & frame[y].map(_num).notna()]
+    done = done.assign(method=_methods(done), current=_current(done))
     wrong = done["correct"].astype(str) != "True"
     if "slo_missed" in done:
         wrong |= done["slo_missed"].notna()
-    front = done[done["pareto"].astype(str) == "True"].sort_values(x)
+    front = done[(done["pareto"].astype(str) == "True") & done["current"]].sort_values(x)
     base = done[done["role"] == "baseline"]
-    best = (report.get("best") or {}).get("trial")
-    groups = [  # drawn in this order: a wrong config as fast as the best stays visible on top of it
-        Series("feasible", done[~wrong][x].tolist(), done[~wrong][y].tolist(), color="#1f77b4",
-               hover=_hover(done[~wrong])),
-        Series("Pareto front", front[x].tolist(), front[y].tolist(), kind="lines+markers", symbol="diamond", size=11,
-               color="#d62728", text=["best" if t == best else "" for t in front["trial"]], hover=_hover(front)),
-        Series("infeasible (wrong output or SLO missed)", done[wrong][x].tolist(), done[wrong][y].tolist(),
-               symbol="x", size=12, color="#555555", hover=_hover(done[wrong])),
-        Series("baseline (no speculation)", base[x].tolist(), base[y].tolist(), symbol="star", size=18, color="#000000",
-               text=["baseline"] * len(base), hover=_hover(base)),
-    ]
+    cand = done[done["role"] != "baseline"]
+    groups = [Series("Pareto front (lossy and lossless)", front[x].tolist(), front[y].tolist(), kind="lines",
+                     color=other_color(1))]
+    for m, rows in cand.groupby("method", sort=True):
+        ok, bad, old = rows[~wrong[rows.index] & rows["current"]], rows[wrong[rows.index] & rows["current"]], \
+            rows[~rows["current"]]
+        groups += [Series(m, ok[x].tolist(), ok[y].tolist(), color=method_color(m), method=m, hover=_hover(ok)),
+                   Series(f"{m}: wrong output or SLO missed", bad[x].tolist(), bad[y].tolist(), symbol="x", size=12,
+                          color=method_color(m), method=m, hover=_hover(bad)),
+                   Series(f"{m}: superseded by its re-measurement", old[x].tolist(), old[y].tolist(),
+                          color=method_color(m), method=m, opacity=0.3, hover=_hover(old))]
+    groups.append(Series("baseline (no speculation)", base[x].tolist(), base[y].tolist(), symbol="star", size=18,
+                         color=method_color("none"), method="none", text=["baseline"] * len(base),
+                         hover=_hover(base)))
+    pick = done[done["trial"] == (report.get("best") or {}).get("trial")]
+    if not pick.empty:
+        m = str(pick["method"].iloc[0])
+        groups.append(Series(f"pick: {pick_why(report)}", pick[x].tolist(), pick[y].tolist(), symbol="circle-open",
+                             size=22, color=method_color(m), method=m, text=["pick"], hover=_hover(pick)))
     chart.series = [s for s in groups if s.x]
     failed = int((frame["state"] == "FAIL").sum())
     if failed:
         chart.note = f"{failed} failed trial(s) have no measurement and are not drawn (see the table)."
+    if report.get("lossless_first"):
+        chart.note = f"{chart.note} Lossless first: {report['lossless_first']['reason']}.".strip()
     return chart
 
 
-def speedup_chart(frame: pd.DataFrame) -> Chart:
-    """Best correct speedup for each speculative method and depth (num_speculative_tokens)."""
+def speedup_chart(frame: pd.DataFrame, report: dict[str, Any] | None = None) -> Chart:
+    """Best correct speedup for each speculative method and depth (num_speculative_tokens), with its 95%
+    interval; the pick's served speedup beside it where `autotune confirm` ran."""
     chart = Chart("speedup", "Speedup over the baseline by method and depth",
-                  "num_speculative_tokens (0: no speculation)", "output tok/s / baseline (best correct trial)",
-                  hline=(1.0, "baseline"))
+                  "num_speculative_tokens (0: no speculation)",
+                  f"speedup (x the baseline's output tok/s; {INTERVAL})", hline=(1.0, "baseline"))
     if "speedup_output_tok_s" not in frame.columns:
         chart.note = "No trial was measured against a baseline."
         return chart
     ok = frame[(frame["state"] == "COMPLETE") & (frame["correct"].astype(str) == "True")
-               & frame["speedup_output_tok_s"].map(_num).notna()]
-    method = ok["param_method"] if "param_method" in ok else ok["label"].str.split().str[0]
+               & frame["speedup_output_tok_s"].map(_num).notna() & _current(frame)]
     depth = ok["param_num_speculative_tokens"].map(_num).fillna(0).astype(int) \
         if "param_num_speculative_tokens" in ok else pd.Series(0, index=ok.index)
-    best = ok.assign(method=method, depth=depth).groupby(["method", "depth"])["speedup_output_tok_s"].max()
-    best = best.reset_index()
+    ok = ok.assign(method=_methods(ok), depth=depth, value=ok["speedup_output_tok_s"].map(_num))
+    best = ok.loc[ok.groupby(["method", "depth"])["value"].idxmax()] if not ok.empty else ok
     chart.categories = [str(d) for d in sorted(best["depth"].unique())]
-    for m, rows in best.groupby("method", sort=False):
-        chart.series.append(Series(str(m), [str(d) for d in rows["depth"]], rows["speedup_output_tok_s"].tolist(),
-                                   kind="bar"))
+    for m, rows in best.groupby("method", sort=True):
+        chart.series.append(Series(str(m), [str(d) for d in rows["depth"]], rows["value"].tolist(), kind="bar",
+                                   color=method_color(str(m)), method=str(m),
+                                   error=_bounds(rows, "speedup_output_tok_s_lo", "speedup_output_tok_s_hi"),
+                                   hover=_hover(rows)))
+    served, pick = _served(report or {}), ok[ok["trial"] == ((report or {}).get("best") or {}).get("trial")]
+    if served and not pick.empty:  # the claim (best.json's speedup) and what serving it measured, side by side
+        m, at = str(pick["method"].iloc[0]), [str(pick["depth"].iloc[0])]
+        c = ((report or {}).get("best") or {}).get("speedup") or {}
+        claim = (_num(c.get("output_tok_s")), _num(c.get("output_tok_s_lo")), _num(c.get("output_tok_s_hi")))
+        if claim[0] != claim[0]:  # an older best.json: the pick's row
+            lo_hi = _bounds(pick, "speedup_output_tok_s_lo", "speedup_output_tok_s_hi") or [(float("nan"),) * 2]
+            claim = (float(pick["value"].iloc[0]), *lo_hi[0])
+        chart.series += [Series("the pick, claimed by the study", at, [claim[0]], kind="bar", color=method_color(m),
+                                method=m, error=[claim[1:]]),
+                         Series("the pick, served (vllm bench serve)", at, [served[0]], kind="bar",
+                                color=method_color(m), method=m, error=[served[1:]], hatch=True)]
     if not chart.series:
         chart.note = "No correct trial to compare."
     return chart
 
 
-def prediction_chart(frame: pd.DataFrame) -> Chart:
-    """Each trial's forecast speedup (made before it ran) against the speedup it measured."""
-    chart = Chart("prediction", "Predicted vs measured speedup", "predicted output tok/s / baseline (before the trial)",
-                  "measured output tok/s / baseline")
+def prediction_chart(frame: pd.DataFrame, report: dict[str, Any] | None = None) -> Chart:
+    """Each trial's forecast speedup (made before it ran) against the speedup it measured, both with their
+    intervals; the pick's served speedup beside its claim where `autotune confirm` ran."""
+    chart = Chart("prediction", "Predicted vs measured speedup",
+                  f"predicted speedup, before the trial (x the baseline's output tok/s; {INTERVAL})",
+                  f"measured speedup (x the baseline's output tok/s; {INTERVAL})")
     need = {"predicted_speedup", "speedup_output_tok_s"}
     rows = frame[(frame["state"] == "COMPLETE") & frame["predicted_speedup"].map(_num).notna()
                  & frame["speedup_output_tok_s"].map(_num).notna()] if need <= set(frame.columns) else frame.iloc[:0]
@@ -139,18 +215,28 @@ def prediction_chart(frame: pd.DataFrame) -> Chart:
         chart.note = ("No trial carries a forecast (a study from before --strategy predict, or a method no replay "
                       "covers).")
         return chart
-    method = rows["param_method"] if "param_method" in rows else rows["label"].str.split().str[0]
-    for i, (m, part) in enumerate(rows.assign(method=method).groupby("method", sort=False)):
+    rows = rows.assign(method=_methods(rows))
+    for m, part in rows.groupby("method", sort=True):
         hover = [f"trial {int(r.trial)}: {r.label}: predicted {_num(r.predicted_speedup):.2f}x "
                  f"[{_num(r.predicted_lo):.2f}-{_num(r.predicted_hi):.2f}], "
                  f"measured {_num(r.speedup_output_tok_s):.2f}x"
                  for r in part.itertuples()]
         chart.series.append(Series(str(m), part["predicted_speedup"].map(_num).tolist(),
-                                   part["speedup_output_tok_s"].map(_num).tolist(), color=PALETTE[i % len(PALETTE)],
-                                   hover=hover))
+                                   part["speedup_output_tok_s"].map(_num).tolist(), color=method_color(str(m)),
+                                   method=str(m), hover=hover, x_error=_bounds(part, "predicted_lo", "predicted_hi"),
+                                   error=_bounds(part, "speedup_output_tok_s_lo", "speedup_output_tok_s_hi")))
     values = [*rows["predicted_speedup"].map(_num), *rows["speedup_output_tok_s"].map(_num)]
+    served, pick = _served(report or {}), rows[rows["trial"] == ((report or {}).get("best") or {}).get("trial")]
+    if served and not pick.empty:
+        m = str(pick["method"].iloc[0])
+        chart.series.append(Series("the pick, served (vllm bench serve)", [_num(pick["predicted_speedup"].iloc[0])],
+                                   [served[0]], symbol="diamond", size=13, color=method_color(m), method=m,
+                                   error=[served[1:]], text=["served"]))
+        values.append(served[0])
+    elif served:
+        chart.note = "The pick carries no forecast: its served speedup is in the speedup chart."
     lo, hi = min(values) * 0.95, max(values) * 1.05
-    chart.series.append(Series("predicted = measured", [lo, hi], [lo, hi], kind="lines", color="#7f7f7f"))
+    chart.series.append(Series("predicted = measured", [lo, hi], [lo, hi], kind="lines", color=other_color(1)))
     return chart
 
 
@@ -162,10 +248,11 @@ def acceptance_chart(frame: pd.DataFrame) -> Chart:
                  & (frame["acceptance_by_pos"].astype(str).str.strip() != "")]
     if "acceptance_rate" in rows:
         rows = rows.sort_values("acceptance_rate", ascending=False)
+    rows = rows.assign(method=_methods(rows))
     for r in rows.head(MAX_ACCEPTANCE_LINES).itertuples():
         by_pos = [float(v) for v in str(r.acceptance_by_pos).split()]
         chart.series.append(Series(f"#{int(r.trial)} {r.label}", list(range(1, len(by_pos) + 1)), by_pos,
-                                   kind="lines+markers", size=7))
+                                   kind="lines+markers", size=7, color=method_color(r.method), method=r.method))
     if len(rows) > MAX_ACCEPTANCE_LINES:
         chart.note = f"The {MAX_ACCEPTANCE_LINES} trials with the highest acceptance of {len(rows)} are drawn."
     if not chart.series:
@@ -179,7 +266,8 @@ def category_chart(report: dict[str, Any]) -> Chart:
 
     best = report.get("best") or {}
     chart = Chart("category", "Speedup of the pick by category", "request category",
-                  "ratio to the baseline's same category (> 1: better)", hline=(1.0, "baseline"))
+                  f"ratio to the baseline's same category (> 1: better; {INTERVAL} over windows)",
+                  hline=(1.0, "baseline"))
     rows = [r for r in category_table(best) if r["speedup"] is not None] if best.get("speedup_by_category") else []
     if not rows:
         chart.note = ("No pick to break down." if not best else
@@ -188,10 +276,15 @@ def category_chart(report: dict[str, Any]) -> Chart:
     chart.categories = [r["category"] for r in rows]
     hover = [f"{r['category']}: {r['requests']} requests, {r['output_tok_s']:.1f} tok/s, "
              f"accepted length {_num(r['mean_accepted_length']):.2f}" for r in rows]
-    chart.series = [Series("output tok/s", chart.categories, [r["speedup"] for r in rows], kind="bar", hover=hover),
+    # Bars are metrics, not methods: colours no method uses.
+    bounds = [(_num(r.get("speedup_lo")), _num(r.get("speedup_hi"))) for r in rows]
+    chart.series = [Series("output tok/s", chart.categories, [r["speedup"] for r in rows], kind="bar", hover=hover,
+                           color=other_color(0), error=bounds if all(b == b for b, _ in bounds) else None),
                     Series("TPOT p50", chart.categories, [_num(r["tpot_speedup"]) for r in rows], kind="bar",
-                           hover=hover)]
+                           hover=hover, color=other_color(2))]
     chart.title += f": trial {best['trial']} {best['label']}"
+    chart.note = ("Ratios of each category's medians on the pick's first engine; TPOT has no interval"
+                  + ("." if chart.series[0].error else ", and results from before per-category windows none."))
     return chart
 
 
@@ -218,69 +311,7 @@ def importance_chart(results_dir: Path, report: dict[str, Any]) -> Chart:
         return chart
     params = sorted({p for imp in found.values() for p in imp}, key=lambda p: -max(v.get(p, 0) for v in found.values()))
     chart.categories = params
-    chart.series = [Series(name, params, [imp.get(p, 0.0) for p in params], kind="bar") for name, imp in found.items()]
+    chart.series = [Series(name, params, [imp.get(p, 0.0) for p in params], kind="bar", color=other_color(i))
+                    for i, (name, imp) in enumerate(found.items())]
     chart.note = f"Over {n} completed trials (infeasible ones included: importance is about speed, not correctness)."
     return chart
-
-
-def to_plotly(chart: Chart) -> Any:
-    """The chart as a plotly figure (interactive, for the HTML page)."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    for i, s in enumerate(chart.series):
-        color = s.color or PALETTE[i % len(PALETTE)]
-        if s.kind == "bar":
-            fig.add_bar(name=s.name, x=s.x, y=s.y, hovertext=s.hover, marker_color=color)
-            continue
-        mode = s.kind + ("+text" if s.text and any(s.text) else "")
-        fig.add_scatter(name=s.name, x=s.x, y=s.y, mode=mode, text=s.text, textposition="top center",
-                        hovertext=s.hover, marker={"symbol": s.symbol, "size": s.size, "color": color},
-                        line={"color": color})
-    if chart.hline:
-        fig.add_hline(y=chart.hline[0], line_dash="dash", line_color="#555", annotation_text=chart.hline[1])
-    fig.update_layout(title=chart.title, xaxis_title=chart.x_title, yaxis_title=chart.y_title, barmode="group",
-                      template="plotly_white", height=480, margin={"t": 60})
-    if chart.categories is not None:
-        fig.update_xaxes(type="category", categoryorder="array", categoryarray=chart.categories)
-    if chart.y_range:
-        fig.update_yaxes(range=list(chart.y_range))
-    if chart.x_integer:
-        fig.update_xaxes(dtick=1)
-    return fig
-
-
-def to_png(chart: Chart, path: Path) -> None:
-    """The chart as a PNG drawn by matplotlib (no browser, no display: a bare Figure renders with Agg)."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(9, 5.4), dpi=100, layout="constrained")
-    ax = fig.subplots()
-    bars = [s for s in chart.series if s.kind == "bar"]
-    width = 0.8 / max(len(bars), 1)
-    for i, s in enumerate(chart.series):
-        color = s.color or PALETTE[i % len(PALETTE)]
-        if s.kind == "bar":  # grouped bars: offset each series within its category slot
-            off = (bars.index(s) - (len(bars) - 1) / 2) * width
-            ax.bar([chart.categories.index(x) + off for x in s.x], s.y, width, label=s.name, color=color)
-            continue
-        ax.plot(s.x, s.y, label=s.name, color=color, linestyle="-" if "lines" in s.kind else "none",
-                marker=MARKERS.get(s.symbol, "o"), markersize=s.size * (0.9 if s.symbol == "star" else 0.7))
-        for x, y, t in zip(s.x, s.y, s.text or []):
-            if t:
-                ax.annotate(t, (x, y), textcoords="offset points", xytext=(0, 9), ha="center", fontweight="bold")
-    if chart.categories is not None:
-        ax.set_xticks(range(len(chart.categories)), chart.categories,
-                      rotation=30 if max(map(len, chart.categories), default=0) > 6 else 0)
-    if chart.hline:
-        ax.axhline(chart.hline[0], linestyle="--", color="#555", label=chart.hline[1])
-    if chart.y_range:
-        ax.set_ylim(*chart.y_range)
-    if chart.x_integer:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.margins(0.08)  # room for the labels next to points at the edges
-    ax.set(title=chart.title, xlabel=chart.x_title, ylabel=chart.y_title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path)

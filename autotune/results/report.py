@@ -3,7 +3,7 @@
 Reads only what `autotune search` saved (best.json, trials.parquet or trials.csv, study.db), so it
 runs on a machine without vLLM or a GPU: pandas, plotly (HTML, its JS inlined so the page opens
 offline) and matplotlib (PNGs; plotly's own image export, kaleido, downloads a browser).
-The plots themselves are autotune.results.charts.
+The plots themselves are autotune.results.charts, drawn by autotune.results.draw.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import pandas as pd
 from autotune import __version__
 from autotune.results.charts import (TABLE_COLUMNS, _category_table_html,
                              acceptance_chart, category_chart, importance_chart, pareto_chart, prediction_chart,
-                             speedup_chart, to_plotly, to_png)
+                             speedup_chart)
+from autotune.results.draw import to_plotly, to_png
 from autotune.core.errors import BadInput
 from autotune.core.study_report import load_report
 
@@ -88,7 +89,8 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     frame = load_trials(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    charts = [pareto_chart(frame, report), speedup_chart(frame), prediction_chart(frame), acceptance_chart(frame),
+    charts = [pareto_chart(frame, report), speedup_chart(frame, report), prediction_chart(frame, report),
+              acceptance_chart(frame),
               importance_chart(results_dir, report), category_chart(report)]
     written, sections = [], []
     for c in charts:

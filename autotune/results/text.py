@@ -41,7 +41,9 @@ def category_table(e: dict[str, Any]) -> list[dict[str, Any]]:
     """A report entry's per-category numbers and speedups, one dict a category, biggest gain first."""
     cats, sp = e["measurement"].get("by_category") or {}, e.get("speedup_by_category") or {}
     out = [{"category": name, "requests": m.get("requests"), "output_tok_s": m.get("output_tok_s"),
-            "speedup": (sp.get(name) or {}).get("output_tok_s"), "tpot_ms_p50": m.get("tpot_ms_p50"),
+            "speedup": (sp.get(name) or {}).get("output_tok_s"),
+            "speedup_lo": (sp.get(name) or {}).get("output_tok_s_lo"),
+            "speedup_hi": (sp.get(name) or {}).get("output_tok_s_hi"), "tpot_ms_p50": m.get("tpot_ms_p50"),
             "tpot_speedup": (sp.get(name) or {}).get("tpot_ms_p50"),
             "mean_accepted_length": m.get("mean_accepted_length"), "acceptance_rate": m.get("acceptance_rate")}
            for name, m in cats.items()]
