@@ -47,7 +47,7 @@ def test_a_missing_key_is_named(tmp_path):
 
 
 def test_an_undeclared_key_in_the_current_version_is_named(tmp_path):
-    with pytest.raises(BadInput, match=r"key 'speed_of_light': not a key of schema version 2"):
+    with pytest.raises(BadInput, match=r"key 'speed_of_light': not a key of schema version 3"):
         load_report(_write(tmp_path, _report(speed_of_light=1)))
 
 
