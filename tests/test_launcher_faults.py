@@ -39,9 +39,12 @@ def _start(d, job, env=None, fresh=False):
     env = {**os.environ, **(env or {})}
     if fresh:
         with open(d / "worker.log", "a") as log:
-            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                     stdin=subprocess.DEVNULL)
-    return launcher.launch(argv, env=env, log_path=d / "worker.log")
+    else:
+        proc = launcher.launch(argv, env=env, log_path=d / "worker.log")
+    _started.append(proc.pid)
+    return proc
 
 
 def _until(cond, timeout=30.0):
@@ -59,10 +62,18 @@ def _group_gone(pgid):
     return False
 
 
+_started: list[int] = []  # process groups a test started: ended at its teardown, whatever it asserted
+
+
 @pytest.fixture
 def gated(jobs):
     (jobs / "gated.py").write_text(GATED)
-    return jobs
+    yield jobs
+    while _started:
+        try:
+            os.killpg(_started.pop(), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_a_status_left_under_a_reused_pid_is_not_the_new_childs(gated):

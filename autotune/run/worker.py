@@ -210,6 +210,10 @@ def main(argv: list[str]) -> int:
         engine = importlib.import_module(job.get("engine_module", "autotune.run.engine"))
         result: dict[str, Any] = engine.run_job(job, phase)
         phase("done", {})  # the last phase's end: the engine is shut down
+        if isinstance(result, dict) and "windows" in result:  # how this process came to exist, whatever the engine
+            from autotune.run import launcher
+
+            result["started"] = {"worker": "forked" if launcher.FORKED else "fresh", **(result.get("started") or {})}
     except BaseException as e:  # every failure becomes a reason string in the result file
         traceback.print_exc()
         result = {"error": failure_reason(e)}
