@@ -82,7 +82,7 @@ class _FakeCuda:
         return self.initialized
 
 
-def test_the_self_check_refuses_an_initialised_cuda_and_a_fork_that_cannot_reach_the_device():
+def test_the_self_check_refuses_an_initialised_cuda_and_a_fork_that_cannot_reach_the_device(monkeypatch):
     assert launcher_process.self_check("cpu", cuda=_FakeCuda(True)) is None  # nothing to check on CPU
     why = launcher_process.self_check("cuda", cuda=_FakeCuda(True))
     assert why and "torch.cuda.is_initialized()" in why
@@ -93,18 +93,22 @@ def test_the_self_check_refuses_an_initialised_cuda_and_a_fork_that_cannot_reach
 
     why = launcher_process.self_check("cuda", cuda=_FakeCuda(), probe=broken)
     assert why and "forked after the preload could not use the cuda device" in why
-    # the real probe on this CUDA-less torch fails in the fork, and this process is left as it was
+    # the real probe, with no GPU visible (none here, or hidden on a GPU machine), fails in the fork
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert launcher_process.self_check("cuda") is not None
 
 
-FAKE_CUDA_VLLM = "from types import SimpleNamespace\ncurrent_platform = SimpleNamespace(device_type='cuda')\n"
+# A stand-in vllm.platforms saying "cuda", imported by the launcher alone; it hides every GPU from the
+# launcher (as a device set would), so the fork's probe fails on any machine, a GPU one too.
+FAKE_CUDA_VLLM = ("import os\nfrom types import SimpleNamespace\nos.environ['CUDA_VISIBLE_DEVICES'] = ''\n"
+                  "current_platform = SimpleNamespace(device_type='cuda')\n")
 
 
 def test_a_launcher_whose_fork_cannot_use_cuda_says_so_once_and_everything_starts_fresh(jobs, tmp_path, monkeypatch,
                                                                                         capfd):
     """The launcher process itself on a faked CUDA platform (a stand-in vllm.platforms): its real
-    self-check forks a probe, which cannot reach a device on this machine; the launcher stops, and
-    the trial starts fresh, with one line saying why."""
+    self-check forks a probe, which reaches no device (none here, or none visible to it); the
+    launcher stops, and the trial starts fresh, with one line saying why."""
     fake = tmp_path / "fake_cuda_vllm"
     (fake / "vllm" / "platforms").mkdir(parents=True)
     (fake / "vllm" / "__init__.py").write_text("")

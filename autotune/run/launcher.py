@@ -19,7 +19,11 @@ Per platform (vLLM's ``current_platform``, read in the launcher without touching
 - Elsewhere (CUDA): no worker preloads, and no start method set: `vllm serve` asks for spawn itself
   (cli_env_setup), so a forked server saves the API server's import only. After its preload the
   launcher checks that CUDA is not initialised and that a forked probe can use the device; if
-  either fails it says why in one line and exits, and every process starts fresh. Untested on a GPU.
+  either fails it says why in one line and exits, and every process starts fresh. On an H200
+  without vLLM (benchmarks/data/h200_launcher_selfcheck.json, benchmarks/launcher_selfcheck_gpu.py):
+  torch and transformers imported leave CUDA uninitialised, the probe and a forked worker reach the
+  GPU, and a preload that initialises CUDA is refused (a fork then fails with "Cannot re-initialize
+  CUDA in forked subprocess"). With vLLM's own imports: untested on a GPU.
 
 The processes, their arguments, environment (the launcher's own LD_PRELOAD is not passed on),
 signals (SIGINT raises KeyboardInterrupt), allocator, OpenMP binding and IPC are those of a fresh
