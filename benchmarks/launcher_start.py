@@ -16,6 +16,13 @@ With ``--instrument inprocess`` the trials are the worker's own AsyncLLM instead
 launched worker forks its engine core and CPU worker as a launched server does):
 
     .venv/bin/python benchmarks/launcher_start.py --instrument inprocess --out benchmarks/data/launcher_start_inprocess.json
+
+With ``--forked-starts N``, only N launched baseline trials of a short workload, back to back: the
+median start (``engine_init_s``) of forked servers, to compare one version of the launcher with
+another on the same machine (issue 42: run it from each version's tree, under the engine lock):
+
+    flock /tmp/autotune-engine.lock .venv/bin/python benchmarks/launcher_start.py --forked-starts 8 \
+        --workload examples/smoke.jsonl --out benchmarks/data/launcher_start_after.json
 """
 
 from __future__ import annotations
@@ -45,7 +52,10 @@ def main() -> None:
     ap.add_argument("--workload", default="examples/json_edit.jsonl")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--instrument", choices=["served", "inprocess"], default="served")
+    ap.add_argument("--forked-starts", type=int, default=0, help="only this many launched baseline trials")
     args = ap.parse_args()
+    if args.forked_starts:
+        return forked_starts(args)
     wl = load_workload(args.workload)
     root = Path(tempfile.mkdtemp(prefix="launcher-"))
     cfg = StudyConfig(name="launcher", results_dir=root, instrument=args.instrument,
@@ -105,6 +115,32 @@ def main() -> None:
     print(json.dumps(summary, indent=1))
     harness.save(args.out, {"workload": args.workload, "instrument": args.instrument, "configs": CONFIGS,
                             "order": order, "rows": rows, "pairs": pairs, "summary": summary})
+
+
+def forked_starts(args: argparse.Namespace) -> None:
+    """``--forked-starts``: the launched baseline's start, N times, and the machine's load beside it."""
+    wl = load_workload(args.workload)
+    root = Path(tempfile.mkdtemp(prefix="launcher-"))
+    cfg = StudyConfig(name="launcher", results_dir=root, instrument=args.instrument,
+                      settings=Settings(model=str(demo.TARGET), dtype=demo.DTYPE, max_model_len=demo.MAX_MODEL_LEN,
+                                        kv_cache_memory_bytes=demo.KV_CACHE_BYTES))
+    rows = []
+    with launcher.active() as sock:
+        assert sock, "the launcher did not start"
+        for n in range(args.forked_starts):
+            load = os.getloadavg()[0]
+            out, ev = run_and_evaluate(Candidate(CONFIGS["baseline"]), wl, cfg, root / f"{n:02d}")
+            assert ev is not None, out.failure
+            rows.append({"engine_init_s": round(ev.measurement["engine_init_s"], 2), "wall_s": round(out.wall_s, 2),
+                         "load_avg_1m_before": round(load, 2)})
+            print(rows[-1], flush=True)
+    inits = [r["engine_init_s"] for r in rows]
+    summary = {"engine_init_s_median": statistics.median(inits), "engine_init_s_range": [min(inits), max(inits)],
+               "load_avg_1m_median": statistics.median(r["load_avg_1m_before"] for r in rows)}
+    print(json.dumps(summary, indent=1))
+    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cores": len(os.sched_getaffinity(0)),
+                                          "workload": args.workload, "instrument": args.instrument,
+                                          "rows": rows, "summary": summary}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

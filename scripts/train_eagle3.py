@@ -39,7 +39,8 @@ from transformers import PreTrainedTokenizerFast
 
 from autotune.demo import TARGET
 from autotune.demo.corpus import EOS, TRAINING_MIX, examples
-from autotune.demo.eagle3 import HEAD, AUX_LAYERS, Eagle3Head, head_config, load_head, load_target, target_pass, trace
+from autotune.demo.eagle3 import AUX_LAYERS, HEAD, head_config
+from autotune.forecast.eagle3_trace import Eagle3Head, load_head, load_target, target_pass, trace
 from autotune.forecast.predict import Eagle3Trace, eagle3_acceptance
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,6 +18,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     signal handlers) cannot reach the orchestration tests. The two-worker Ctrl-C test failed twice
     after the engine tests in the full suite and never alone."""
     items.sort(key=lambda item: item.get_closest_marker("engine") is not None)
+    for item in items:  # a CPU fact says which: scripts/test.sh deselects these on a GPU machine
+        mark = item.get_closest_marker("cpu_only")
+        if mark is not None and not mark.kwargs.get("reason"):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.cpu_only needs reason=\"...\" (the CPU fact it states)")
 
 
 @pytest.fixture

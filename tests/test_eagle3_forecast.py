@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 
 
 def _random_head(seed: int = 0):
-    from autotune.demo.eagle3 import Eagle3Head, head_config
+    from autotune.demo.eagle3 import head_config
+    from autotune.forecast.eagle3_trace import Eagle3Head
 
     torch.manual_seed(seed)
     cfg = head_config({"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
@@ -26,7 +27,7 @@ def _random_head(seed: int = 0):
 def test_training_unroll_matches_the_chained_drafts_vllm_makes():
     """Step j of the training unroll at position a + j - 1, fed the chain's own earlier drafts as the
     tokens, is the chain's j-th draft: the training graph is vLLM's drafting, position by position."""
-    from autotune.demo.eagle3 import chained_drafts
+    from autotune.forecast.eagle3_trace import chained_drafts
 
     head = _random_head()
     t, depth = 24, 4
@@ -50,7 +51,7 @@ def test_training_unroll_matches_the_chained_drafts_vllm_makes():
 def test_every_anchors_chain_at_once_is_each_chain_alone():
     """Chains advanced together (one step for all anchors at a time) are the chains drafted one
     anchor at a time: no anchor reads another's keys, or a position past its own."""
-    from autotune.demo.eagle3 import chained_drafts
+    from autotune.forecast.eagle3_trace import chained_drafts
 
     head = _random_head(4)
     g = torch.Generator().manual_seed(5)
@@ -70,7 +71,7 @@ def test_every_anchors_chain_at_once_is_each_chain_alone():
 def test_chained_drafts_differ_from_teacher_forcing():
     """The second draft reads the head's own state, not the target's: a replay that teacher-forced
     every position would be another (wrong) proposer."""
-    from autotune.demo.eagle3 import chained_drafts
+    from autotune.forecast.eagle3_trace import chained_drafts
 
     head = _random_head(2)
     g = torch.Generator().manual_seed(3)

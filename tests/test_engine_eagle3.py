@@ -1,6 +1,6 @@
 """EAGLE-3 on the real vLLM engine (CPU build): the shipped head of the demo target drafts, vLLM
 accepts, the outputs stay the baseline's, and the forecast (the head's chained drafts along the
-baseline's tokens, autotune.demo.eagle3.trace) says vLLM's mean accepted length within 3%.
+baseline's tokens, autotune.forecast.eagle3_trace.trace) says vLLM's mean accepted length within 3%.
 
 Each engine runs in a trial worker of its own (tests/eagle3_engine.py; vLLM does not free an
 engine in-process).
@@ -81,7 +81,7 @@ def test_eagle3_head_drafts_vllm_accepts_and_outputs_stay_the_baselines(runs):
 
 
 def test_forecast_matches_vllms_counters(runs):
-    from autotune.demo.eagle3 import trace
+    from autotune.forecast.eagle3_trace import trace
     from autotune.forecast.forecast import AcceptanceTable
 
     kind, base, eagle = runs

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import demo
+from autotune.run import hardware
 from autotune.cli.app import app
 from autotune.core.study_report import load_report
 
@@ -26,6 +27,7 @@ def test_study_writes_every_file(study_dir):
         assert (study_dir / name).is_file(), name
 
 
+@pytest.mark.cpu_only(reason="the fp8-weights trial fails with the CPU build's refusal of fp8 for float32")
 def test_trials_speculation_lossless_and_crash_recorded(study_dir):
     frame = pd.read_csv(study_dir / "trials.csv").set_index("trial")
     assert list(frame["label"])[:4] == ["none eager", "ngram k=3 lookup=2..4 eager", "draft_model k=3 eager",
@@ -116,7 +118,7 @@ def test_best_json_agrees_with_trials_csv(study_dir):
     # engine's record measured again on a fresh one is superseded by the pooled one).
     feasible = frame[(frame["state"] == "COMPLETE") & frame["correct"].astype(bool) & frame["superseded_by"].isna()]
     assert best["measurement"]["output_tok_s"] == pytest.approx(feasible["output_tok_s"].max())
-    assert report["vllm_version"] == _installed_vllm() and report["platform"]["platform"] == "cpu"
+    assert report["vllm_version"] == _installed_vllm() and report["platform"]["platform"] == hardware.detect()
     assert best["engine_kwargs"]["model"] == str(demo.TARGET)
 
 

@@ -146,6 +146,8 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
             say.print(Resolution(**report["resolution"]).line(), highlight=False, soft_wrap=True)
         if report.get("schedule"):
             say.print(schedule_line(report["schedule"]), highlight=False, soft_wrap=True)
+        if (report.get("started") or {}).get("mixed"):
+            say.print(f"engines: {report['started']['mixed']}", highlight=False, soft_wrap=True)
         say.print(f"serve it: {out / 'serve.sh'}", highlight=False)
     say.print(f"results: {out}/ (trials.csv, trials.parquet, pareto.csv, best.json, serve.sh, report.md); "
               f"plots: autotune report {out}", highlight=False)

@@ -66,6 +66,7 @@ class StudyReport(TypedDict, total=False):
     deployed: Entry | None
     lossless_first: dict[str, Any] | None
     remeasured: dict[str, Any] | None
+    started: dict[str, Any] | None  # autotune.results.started: forked/fresh per engine instance, "mixed" line
     resolution: dict[str, Any] | None
     edge: list[dict[str, Any]] | None
     schedule: dict[str, Any] | None

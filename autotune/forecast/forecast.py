@@ -116,7 +116,7 @@ class AcceptanceTable:
     max_model_len: int
     trace_failure: str | None = None
     # An EAGLE-3 head's trace along each output (request id -> its chained greedy drafts, one per
-    # decode step, and the target's tokens past an end-of-sequence: autotune.demo.eagle3.trace),
+    # decode step, and the target's tokens past an end-of-sequence: autotune.forecast.eagle3_trace.trace),
     # or None when not traced.
     eagle3: Mapping[str, dict[str, list]] | None = None
     _cache: dict[tuple[Any, ...], Acceptance | None] = field(default_factory=dict)

@@ -20,7 +20,7 @@ draft can then offer.
 
 EAGLE-3 reads the target's hidden states, but only along the tokens the target verified: a greedy
 head drafts deterministically from the baseline's tokens and the target's (teacher-forced) states
-over them, chaining on its own output within a step. ``autotune.demo.eagle3.trace`` replays that
+over them, chaining on its own output within a step. ``autotune.forecast.eagle3_trace.trace`` replays that
 chain at every position once (transformers, the target and the head); ``eagle3_acceptance`` then
 walks each request as the engine would, for every depth up to the traced one.
 What cannot be replayed this way (EAGLE-1, MTP) is measured as before.
@@ -257,7 +257,7 @@ class Eagle3Trace:
 
 
 def eagle3_acceptance(traces: Sequence[Eagle3Trace], *, k: int) -> Acceptance:
-    """eagle3 with depth k (greedy), from each request's chained drafts (``autotune.demo.eagle3.trace``).
+    """eagle3 with depth k (greedy), from each request's chained drafts (``autotune.forecast.eagle3_trace.trace``).
 
     Unlike a draft model's, an EAGLE-3 chain is not the teacher-forced argmax at each position: past
     its first token the head reads its own hidden state, so the j-th token of a chain depends on

@@ -147,10 +147,18 @@ def measure_run(raw: RawRun | dict[str, Any]) -> Measurement:
     m["requests"] = sum(p["requests"] for p in per)
     m["noisy"] = noisy(m["output_tok_s_windows"])
     m["engine_init_s"], m["warmup_s"] = raw.get("engine_init_s"), raw.get("warmup_s")
+    m["started"] = started_of(raw)
     counters = _sum_counters(raw["windows"])
     m.update(acceptance(counters))
     m["spec_accepted_per_pos"] = list(counters.get("vllm:spec_decode_num_accepted_tokens_per_pos", []))
     return m
+
+
+def started_of(raw: dict[str, Any]) -> str | None:
+    """How the measured engine's process came to exist: "forked" (the study's launcher) or "fresh";
+    a served trial's is its `vllm serve`'s, an in-process one's the worker's (autotune.run.engine)."""
+    s = raw.get("started") or {}
+    return s.get("server") if s.get("server") in ("forked", "fresh") else s.get("worker")
 
 
 def _mad(arr: np.ndarray) -> float:
@@ -188,6 +196,7 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
     # A start is not pooled: the record of a re-measure trial carries its own engine's start and
     # warm-up (its trial's row in trials.csv), not the first instance's.
     m["engine_init_s"], m["warmup_s"] = again.get("engine_init_s"), again.get("warmup_s")
+    m["started"] = again.get("started")
     m["output_tok_s_instances"] = instances_of(first) + instances_of(again)
     m["instances"] = len(m["output_tok_s_instances"])
     a, b = first.get("output_tok_s_windows"), again.get("output_tok_s_windows")

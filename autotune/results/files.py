@@ -109,6 +109,7 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
     from autotune.study.schedule import scheduled_trial, verdict
     from autotune.study.storage import redact
     from autotune.study.trials import left_out
+    from autotune.results.started import started_report
 
     choice, base, deployed = choose(study), reference_trial(study), deployed_trial(study)
     # A depth schedule that held at every level is the pick; the fixed-depth choice is kept beside it.
@@ -133,6 +134,8 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
         "deployed": _entry(deployed, base, settings) if deployed else None,
         "lossless_first": _lossless_first(choice),
         "remeasured": _remeasured(study, pick, base),
+        # Forked or fresh, per engine instance of the pick and the baseline, and a line if they mix.
+        "started": started_report(study, pick, base),
         # The pick over the baseline with engine instances as the unit, and over the runner-up.
         "resolution": _resolution(study, pick, base),
         # The pick on an edge of the space, with the forecast one step past it (no engine).

@@ -5,23 +5,49 @@ Why (issue 28, benchmarks/engine_start.py, serve_timeline.txt): of a served tria
 the CPU worker, which vLLM's CPU platform starts with ``spawn``), plus the trial worker's own import
 beside them. The launcher is a process that imports the serve stack once and then forks, on
 request, (a) trial workers (``autotune.run.worker``) and (b) their `vllm serve` (``autotune.vllm_cli``).
-A forked server is told to start its engine core and CPU worker with ``fork`` too
-(``VLLM_WORKER_MULTIPROC_METHOD=fork``, vLLM's own setting and its default off `vllm serve`), so
-none of the three imports vLLM again (autotune.run.launcher_process); a forked worker's own
-AsyncLLM (``--instrument inprocess``, the draft's trace) forks its engine core and CPU worker too.
-The processes, their arguments, allocator, OpenMP binding and IPC are those of `vllm serve`; only
-how each process came to exist differs. benchmarks/launcher_start.py (served trials of the demo, launched and fresh
-alternating, 8 pairs; benchmarks/data/launcher_start.json): start to healthy 2.1 s against 35.0 s
-(medians), tok/s launched over fresh 1.01 (0.79-1.26, inside the fresh instances' own 1.39-1.58x
-spread), the same greedy outputs. `autotune confirm` forks its servers and clients too
-(autotune.gate.confirm; `--no-launcher` starts them as users do).
+benchmarks/launcher_start.py (served trials of the demo, launched and fresh alternating, 8 pairs;
+benchmarks/data/launcher_start.json): start to healthy 2.1 s against 35.0 s (medians), tok/s
+launched over fresh 1.01 (0.79-1.26, inside the fresh instances' own 1.39-1.58x spread), the same
+greedy outputs. `autotune confirm` forks its servers and clients too (autotune.gate.confirm;
+`--no-launcher` starts them as users do).
 
-Each child runs in a session of its own with its log on stdout/stderr, as ``subprocess.Popen(...,
-start_new_session=True)`` would; the caller holds a ``Launched`` handle with Popen's ``pid``,
-``poll``, ``wait`` and ``returncode`` (the launcher reaps its children and leaves each exit status
-in a file). Anything the launcher cannot take exactly as Popen would run it (another interpreter, an
-environment that differs in what a warm process has already read, the launcher gone) is started
-with Popen, and the reason is printed once.
+Per platform (vLLM's ``current_platform``, read in the launcher without touching a device):
+- CPU: the CPU worker and model runner are preloaded too, and a forked server forks its engine
+  core and CPU worker, set up as vLLM's CPU platform sets up the ones it spawns (its spawn exists
+  for LD_PRELOAD and OpenMP's binding, both reproduced: autotune.run.launcher_process); a user's
+  own ``VLLM_WORKER_MULTIPROC_METHOD`` is kept.
+- Elsewhere (CUDA): no worker preloads, and no start method set: `vllm serve` asks for spawn itself
+  (cli_env_setup), so a forked server saves the API server's import only. After its preload the
+  launcher checks that CUDA is not initialised and that a forked probe can use the device; if
+  either fails it says why in one line and exits, and every process starts fresh. On an H200
+  without vLLM (benchmarks/data/h200_launcher_selfcheck.json, benchmarks/launcher_selfcheck_gpu.py):
+  torch and transformers imported leave CUDA uninitialised, the probe and a forked worker reach the
+  GPU, and a preload that initialises CUDA is refused (a fork then fails with "Cannot re-initialize
+  CUDA in forked subprocess"). With vLLM's own imports: untested on a GPU.
+
+The processes, their arguments, environment (the launcher's own LD_PRELOAD is not passed on),
+signals (SIGINT raises KeyboardInterrupt), allocator, OpenMP binding and IPC are those of a fresh
+start; only how each process came to exist differs. Each child runs in a session of its own with
+its log on stdout/stderr, as ``subprocess.Popen(..., start_new_session=True)`` would; the caller
+holds a ``Launched`` handle with Popen's ``pid``, ``poll``, ``wait`` and ``returncode``. Its exit
+status is kept in a file named for the launch (pids are reused), written by the launcher as it
+reaps and by the process as it exits; where neither could (the launcher gone, the process killed
+by a signal) it is said to be unknown (``describe_exit``), never made up. Anything the launcher
+cannot take exactly as Popen would run it (another interpreter, an environment that differs in
+what a warm process has already read, the launcher gone) is started with Popen, and the reason is
+printed once.
+
+Why not ``multiprocessing``'s forkserver with ``set_forkserver_preload`` (decided in issue 42): it
+covers the warm import and the fork, but (1) a forkserver's children are handed only to the
+process that created them, as ``Process`` objects, while here the requesters are separate
+processes (the CLI, a forked trial worker asking for its `vllm serve`, confirm's client) that find
+the launcher by ``AUTOTUNE_LAUNCHER``; a trial worker started by it would start a forkserver of its
+own and import everything again; (2) a ``Process`` runs a function, not ``python -m module`` with
+its ``sys.argv``, session, log descriptors and environment, and ends through
+``os._exit`` without the atexit handlers vLLM relies on to end its engine processes; (3) its exit
+code comes over the sentinel pipe to the creator only, which is the same need the status files
+serve for any requester. What it would carry is the few lines of ``os.fork`` itself, so the
+hand-written launcher stays whole.
 """
 
 from __future__ import annotations
@@ -39,6 +65,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ENV_KEY = "AUTOTUNE_LAUNCHER"  # the launcher's socket, for run_trial and the worker's served engine
 WORKER, SERVE = "autotune.run.worker", "autotune.vllm_cli"
@@ -51,8 +78,13 @@ ENTRIES = {WORKER: "main", SERVE: "main"}  # module run with ``python -m`` -> it
 PRELOAD = ("autotune.vllm_cli", "autotune.run.worker", "autotune.run.engine", "autotune.run.served_engine",
            "vllm.entrypoints.cli.serve", "vllm.entrypoints.openai.api_server", "vllm.engine.arg_utils",
            "vllm.v1.engine.async_llm", "vllm.v1.engine.core", "vllm.v1.executor.multiproc_executor",
-           "vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner", "transformers", "aiohttp",
-           "prometheus_client.parser")
+           "transformers", "aiohttp", "prometheus_client.parser")
+# The CPU worker and model runner: imported only where forked engine processes run them (the CPU
+# platform, ``launcher_process._fork_engine_processes``). On CUDA vLLM spawns its engine processes,
+# which import their worker themselves; preloading the GPU model runner would only risk CUDA.
+PRELOAD_CPU = ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner")
+NOT_FORKING = "launcher: not forking: "  # the launcher's last line when its self-check failed
+UNKNOWN_EXIT = -1000  # Launched.returncode when the exit status could not be known (``describe_exit``)
 # Variables a warm process has not read yet, so a child may set them: vLLM reads its VLLM_* lazily
 # (vllm.envs), except its logging set, which vllm.logger reads on import; device sets are read when
 # a device is first touched, after the fork; pytest's name of the running test is read by nothing.
@@ -66,6 +98,11 @@ PRELOAD_WAS = "AUTOTUNE_LAUNCHER_LD_PRELOAD_WAS"  # the requesters' LD_PRELOAD, 
 _said: set[str] = set()
 
 
+def preloads(platform: str | None) -> tuple[str, ...]:
+    """What the launcher imports on ``platform`` (vLLM's ``current_platform.device_type``)."""
+    return PRELOAD + (PRELOAD_CPU if platform == "cpu" else ())
+
+
 def _say_once(why: str) -> None:
     if why not in _said:
         _said.add(why)
@@ -73,24 +110,35 @@ def _say_once(why: str) -> None:
 
 
 class Launched:
-    """A process the launcher forked: Popen's ``pid`` (also its process group), ``poll``, ``wait``."""
+    """A process the launcher forked: Popen's ``pid`` (also its process group), ``poll``, ``wait``.
 
-    def __init__(self, pid: int, status_path: Path) -> None:
+    Its exit status is read from the file of this launch, written by the launcher when it reaps the
+    process, or by the process itself as it exits (``launcher_process._child``). Once the launcher is
+    gone (the process was reparented and reaped elsewhere), a process that ended without writing
+    its own status (killed by a signal) has an unknown one: ``UNKNOWN_EXIT``, ``exit_known`` False."""
+
+    def __init__(self, pid: int, status_path: Path, launcher_pid: int | None = None) -> None:
         self.pid = pid
         self.status_path = status_path
+        self.launcher_pid = launcher_pid
         self.returncode: int | None = None
+        self.exit_known = True
+
+    def _read(self) -> int | None:
+        try:
+            return int(self.status_path.read_text())
+        except (OSError, ValueError):
+            return None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            try:
-                self.returncode = int(self.status_path.read_text())
-            except (OSError, ValueError):
-                if not _exists(self.pid):  # the launcher died before it could reap it
-                    time.sleep(0.2)  # it writes the status before reaping: one more look
-                    try:
-                        self.returncode = int(self.status_path.read_text())
-                    except (OSError, ValueError):
-                        self.returncode = -int(signal.SIGKILL)
+            self.returncode = self._read()
+            if self.returncode is None and not (self.launcher_pid and _exists(self.launcher_pid)) \
+                    and not _exists(self.pid):  # the launcher is gone, and so is the process
+                time.sleep(0.2)  # a status written just before either exit: one more look
+                self.returncode = self._read()
+                if self.returncode is None:
+                    self.returncode, self.exit_known = UNKNOWN_EXIT, False
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -102,14 +150,29 @@ class Launched:
         return self.returncode  # type: ignore[return-value]
 
 
+def describe_exit(proc: Any) -> str:
+    """``exit code N``, ``killed by signal N``, or why the status is unknown (a Launched whose
+    launcher ended first): never a status made up."""
+    if getattr(proc, "exit_known", True) is False:
+        return "exit status unknown: autotune's launcher ended before it, so nothing reaped it for autotune"
+    code = proc.returncode
+    return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+
 def _exists(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (exited, its parent has not reaped it; a dead launcher is one
+    until ``active`` reaps it, and an orphan may stay one where PID 1 reaps nothing) has ended."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust the signal probe
+    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
 
 
 def _entry(argv: list[str]) -> str | None:
@@ -161,7 +224,7 @@ def launch(argv: list[str], *, env: dict[str, str], log_path: Path) -> Launched 
                                       "log": str(log_path), "python": argv[0]}).encode() + b"\n")
                 reply = json.loads(read_line(s))
             if "pid" in reply:
-                return Launched(int(reply["pid"]), Path(reply["status"]))
+                return Launched(int(reply["pid"]), Path(reply["status"]), reply.get("launcher"))
             _say_once(reply.get("refused", "the launcher refused"))
         except (OSError, ValueError) as e:
             _say_once(f"the launcher did not answer ({type(e).__name__}: {e})")
@@ -232,7 +295,10 @@ def _running(python: str) -> Iterator[str | None]:
     while not os.path.exists(sock_path) and proc.poll() is None and time.monotonic() - t0 < START_TIMEOUT_S:
         time.sleep(0.1)
     if not os.path.exists(sock_path):
-        _say_once(f"the launcher did not start (log {tmp / 'launcher.log'})")
+        said = [ln for ln in (tmp / "launcher.log").read_text(errors="replace").splitlines()
+                if ln.startswith(NOT_FORKING)]
+        _say_once(said[-1][len(NOT_FORKING):] + "; every process starts fresh" if said
+                  else f"the launcher did not start (log {tmp / 'launcher.log'})")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.records import Job, RawRun
-from autotune.run.launcher import WORKER, Launched, launch
+from autotune.run.launcher import WORKER, Launched, describe_exit, launch
 
 OnEvent = Callable[[dict[str, Any]], None]
 WORKER_LOG = "worker.log"  # the worker's stdout and stderr, in its trial folder
@@ -152,9 +152,7 @@ def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent
             return TrialOutcome(None, result["error"], wall, str(log_path), proc.pid)
         return TrialOutcome(result, None, wall, str(log_path), proc.pid)
     if failure is None:
-        code = proc.returncode
-        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        failure = f"worker crashed ({how}): {_tail(log_path)}"
+        failure = f"worker crashed ({describe_exit(proc)}): {_tail(log_path)}"
     return TrialOutcome(None, failure, wall, str(log_path), proc.pid)
 
 
@@ -212,6 +210,10 @@ def main(argv: list[str]) -> int:
         engine = importlib.import_module(job.get("engine_module", "autotune.run.engine"))
         result: dict[str, Any] = engine.run_job(job, phase)
         phase("done", {})  # the last phase's end: the engine is shut down
+        if isinstance(result, dict) and "windows" in result:  # how this process came to exist, whatever the engine
+            from autotune.run import launcher
+
+            result["started"] = {"worker": "forked" if launcher.FORKED else "fresh", **(result.get("started") or {})}
     except BaseException as e:  # every failure becomes a reason string in the result file
         traceback.print_exc()
         result = {"error": failure_reason(e)}

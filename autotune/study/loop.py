@@ -27,7 +27,7 @@ from autotune.core.errors import BadInput, StudyFailed
 from autotune.study.optuna_private import stale_trial_ids, storage_of, trial_id
 from autotune.core.space import SearchSpace
 from autotune.study.trials import waiting, SCHEDULE_KEY, baseline_trial, counts, finished
-from autotune.study.strategy import needs_trace, plan, trace_draft
+from autotune.study.strategy import ensure_eagle3_trace, needs_trace, plan, trace_draft
 from autotune.study.storage import dead_here, has_heartbeat, worker_id
 from autotune.core.workload import Workload
 from autotune.run import launcher
@@ -157,6 +157,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             time.sleep(1.0)  # another worker measures the reference; candidates are judged against it
             continue
         if base is not None and not waiting(study):
+            if line := ensure_eagle3_trace(study, space, cfg):
+                progress.note(line)
             if needs_trace(space, cfg.settings) and (failure := trace_draft(study, space, cfg, env, cfg.results_dir)):
                 progress.note(f"draft trace failed: {failure}; draft_model candidates are measured without a "
                               f"forecast (worker log: {cfg.results_dir / 'draft-trace' / 'worker.log'})")
@@ -196,6 +198,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             study.tell(trial, state=TrialState.PRUNED)
             duplicates += 1
             continue
+        if not is_base and (line := ensure_eagle3_trace(study, space, cfg, cand.params)):
+            progress.note(line)  # a --try or grid eagle3 trial gets its forecast too
         run_one(study, trial, cand, workload, space, cfg, progress, is_base, env=env, stop=stop)
         if is_base and baseline_trial(study) is None:
             reason = frozen(study, trial.number).user_attrs.get(attrs.FAILURE, "unknown")

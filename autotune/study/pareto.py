@@ -186,5 +186,6 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["failure"] = ua.get(attrs.FAILURE) or (f"pruned: {ua[attrs.PRUNED_WHY]}" if pruned else None)
         row["wall_s"] = ua.get(attrs.WALL_S)
         row["worker"] = ua.get(attrs.WORKER)  # host:pid/thread, for studies shared by several workers
+        row["started"] = m.get("started")  # the measured engine: forked from the launcher, or fresh
         rows.append(row)
     return pd.DataFrame(rows)

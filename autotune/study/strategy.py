@@ -187,25 +187,32 @@ def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_d
     return out.failure
 
 
-def trace_eagle3(study: Any, space: Any, cfg: Any, base: Any) -> None:
+def trace_eagle3(study: Any, space: Any, cfg: Any, base: Any) -> str | None:
     """The EAGLE-3 head's chained greedy drafts along the baseline's outputs, as deep as the space
-    searches (transformers: the target's hidden states and the head, autotune.demo.eagle3.trace),
+    searches (transformers: the target's hidden states and the head, autotune.forecast.eagle3_trace),
     kept in the study (``eagle3_trace``) for every eagle3 forecast; a failure is kept instead, and
-    eagle3 is then measured without a forecast (a head the trace cannot read, a target transformers
-    cannot load)."""
+    eagle3 is then measured without a forecast. Before anything is loaded, autotune.forecast.eagle3_fit
+    checks the head's format and the target's size against the RAM: where either fails, nothing is
+    loaded. Returns the line to say when the trace was skipped or failed (to the caller that ran it)."""
     import time
+
+    from autotune.forecast import eagle3_fit
 
     with _lock:
         mine = _traces.setdefault((*_baseline_key(study, base), "eagle3"), threading.Lock())
     with mine:
         if attrs.EAGLE3_TRACE in study.user_attrs:
-            return
+            return None
         depth = max((int(v) for p in space.params if p.name == "num_speculative_tokens" for v in p.values()),
                     default=1)
         outputs = [o for o in base.user_attrs.get(attrs.OUTPUTS, []) if o.get("prompt_token_ids") and o.get("token_ids")]
         t0 = time.monotonic()
+        skip = eagle3_fit.why_not(str(cfg.settings.eagle3_head), str(cfg.settings.model))
+        if skip is not None:
+            study.set_user_attr(attrs.EAGLE3_TRACE, {"failure": f"not traced: {skip}", "wall_s": 0.0})
+            return f"eagle3 forecast skipped: {skip}; eagle3 is measured without one"
         try:
-            from autotune.demo.eagle3 import trace
+            from autotune.forecast.eagle3_trace import trace
 
             traced = trace([(o["prompt_token_ids"], o["token_ids"]) for o in outputs], depth=depth,
                            head_dir=Path(cfg.settings.eagle3_head), target_dir=Path(cfg.settings.model), threads=2)
@@ -213,6 +220,21 @@ def trace_eagle3(study: Any, space: Any, cfg: Any, base: Any) -> None:
         except Exception as e:  # noqa: BLE001 - any failure means: measured, not forecast
             got = {"failure": f"{type(e).__name__}: {e}"}
         study.set_user_attr(attrs.EAGLE3_TRACE, {**got, "wall_s": round(time.monotonic() - t0, 1)})
+        if "failure" in got:
+            return f"eagle3 trace failed: {got['failure']}; eagle3 is measured without a forecast"
+        return None
+
+
+def ensure_eagle3_trace(study: Any, space: Any, cfg: Any, params: dict[str, Any] | None = None) -> str | None:
+    """The head's trace once a baseline exists (``trace_eagle3``), before planning (``params`` None)
+    and before any eagle3 trial, whatever put it in line (--try, a grid, a plan); the line to say, if any."""
+    from autotune.study.trials import baseline_trial
+
+    if (params is not None and params.get("method") != "eagle3") or attrs.EAGLE3_TRACE in study.user_attrs \
+            or not _traced(space, cfg.settings)[1]:
+        return None
+    base = baseline_trial(study)
+    return None if base is None else trace_eagle3(study, space, cfg, base)
 
 
 def ranked(study: Any, space: Any, max_model_len: int | None) -> list[dict[str, Any]]:

@@ -1,0 +1,37 @@
+"""How the engines a comparison rests on came to exist: forked from autotune's launcher, or fresh.
+
+Each measurement carries ``started`` (autotune.measure.metrics: the measured engine's process, the
+served trial's `vllm serve` or the worker's own in-process engine). The pick's speedup pairs its
+engines with the baseline's (first engines, fresh-engine re-measurements); where the launcher
+refused one of them (autotune.run.launcher: an environment it could not reproduce), a forked
+instance is compared with a fresh one, and best.json says so in one line (``started.mixed``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.core import attrs
+
+
+def _instances(study: Any, trial: Any) -> list[str]:
+    """``started`` of every engine instance a trial's current record pools (its first engine, then re-measurements)."""
+    from autotune.study.trials import first_record
+
+    first = first_record(study, trial)
+    chain = [first] + [t for t in study.get_trials(deepcopy=False)
+                       if t.user_attrs.get(attrs.REMEASURE_OF) == first.number and attrs.MEASUREMENT in t.user_attrs]
+    return [str(attrs.measurement(t).get("started") or "unknown") for t in chain]
+
+
+def started_report(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
+    """{"baseline": [...], "pick": [...], "mixed": one line or None}, per engine instance; None without both."""
+    if pick is None or base is None:
+        return None
+    got = {"baseline": _instances(study, base), "pick": _instances(study, pick)}
+    kinds = {s for v in got.values() for s in v if s in ("forked", "fresh")}
+    mixed = None
+    if kinds == {"forked", "fresh"}:
+        mixed = (f"the pick's speedup pairs forked with fresh engines (baseline: {', '.join(got['baseline'])}; "
+                 f"pick: {', '.join(got['pick'])}): the launcher could not fork some of them (said during the study)")
+    return {**got, "mixed": mixed}
