@@ -8,10 +8,12 @@ the parent has initialised CUDA, ``self_check`` refuses and a forked child indee
 it computes on the GPU; (d) the same stand-in initialising CUDA on import: the launcher says so in
 one line and the trial starts fresh, and computes on the GPU.
 
-    python3 benchmarks/launcher_selfcheck_gpu.py OUT.json
+    python3 benchmarks/launcher_selfcheck_gpu.py [--out OUT.json]
 """
 
 from __future__ import annotations
+
+import harness  # first: this checkout's autotune on the path
 
 import json
 import os
@@ -20,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = harness.ROOT
 
 A = """
 import json, torch, transformers
@@ -84,6 +86,7 @@ def _smi() -> str:
 
 
 def main() -> None:
+    args = harness.parser(__doc__, out="h200_launcher_selfcheck.json", summary=True).parse_args()
     tmp = Path(tempfile.mkdtemp())
     (tmp / "gpu_job.py").write_text(JOB)
     base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp)])}
@@ -99,7 +102,7 @@ def main() -> None:
     out = {"note": "no vLLM on this machine: the launcher's own self-check and fork, with a stand-in vllm.platforms",
            "nvidia_smi": _smi(), **got}
     print(json.dumps(out, indent=1))
-    Path(sys.argv[1]).write_text(json.dumps(out, indent=1) + "\n")
+    harness.save(args.out, out)
 
 
 if __name__ == "__main__":

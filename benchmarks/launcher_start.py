@@ -33,6 +33,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import harness
 from autotune import demo
@@ -117,7 +118,7 @@ def main() -> None:
                             "order": order, "rows": rows, "pairs": pairs, "summary": summary})
 
 
-def forked_starts(args: argparse.Namespace) -> None:
+def forked_starts(args: Any) -> None:
     """``--forked-starts``: the launched baseline's start, N times, and the machine's load beside it."""
     wl = load_workload(args.workload)
     root = Path(tempfile.mkdtemp(prefix="launcher-"))
@@ -138,9 +139,8 @@ def forked_starts(args: argparse.Namespace) -> None:
     summary = {"engine_init_s_median": statistics.median(inits), "engine_init_s_range": [min(inits), max(inits)],
                "load_avg_1m_median": statistics.median(r["load_avg_1m_before"] for r in rows)}
     print(json.dumps(summary, indent=1))
-    Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "cores": len(os.sched_getaffinity(0)),
-                                          "workload": args.workload, "instrument": args.instrument,
-                                          "rows": rows, "summary": summary}, indent=1) + "\n")
+    harness.save(args.out, {"cores_allowed": len(os.sched_getaffinity(0)), "workload": args.workload,
+                            "instrument": args.instrument, "rows": rows, "summary": summary})
 
 
 if __name__ == "__main__":
