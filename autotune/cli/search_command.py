@@ -19,7 +19,8 @@ from autotune.run.launcher import held as launcher_held
 
 
 @app.command(epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
-             "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30")
+             "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30\n\n"
+             "  autotune search traffic.jsonl --model M -- --tensor-parallel-size 2 --enable-prefix-caching")
 def search(
     workload: Annotated[Path, typer.Argument(help="Workload JSONL (native form; see README).")],
     model: Annotated[Optional[str], typer.Option(help="Target model (path or HF id). Default: the bundled demo pair.",
@@ -144,6 +145,13 @@ def search(
                                           "claim.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the results (best.json) as JSON on stdout; "
                                                        "progress goes to stderr.")] = False,
+    serve_config: Annotated[Optional[Path], typer.Option(
+        help="Your `vllm serve` flags as a YAML file (as `vllm serve --config` reads it), fixed in every "
+             "trial and in serve.sh; flags after -- win over it.")] = None,
+    serve_flags: Annotated[Optional[list[str]], typer.Argument(
+        help="After --: your `vllm serve` flags (e.g. -- --tensor-parallel-size 2 --enable-prefix-caching), "
+             "read by vLLM's parser, fixed in every trial, confirm and serve.sh. A flag for a knob the "
+             "space searches removes that knob.", show_default=False)] = None,
 ) -> None:
     """Search for the fastest correct vLLM config for WORKLOAD and write results/<study>/."""
     from autotune.cli.search import SearchOptions, run_search
@@ -162,7 +170,8 @@ def search(
                          lossy_min_gain=lossy_min_gain, allow_unverified=allow_unverified, samples=samples,
                          sample_tokens=sample_tokens, seed=seed, resume=resume,
                          warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
-                         workers=workers, json=json_)
+                         workers=workers, json=json_, serve_flags=tuple(serve_flags or ()),
+                         serve_config=serve_config)
     say = err if json_ else console  # --json: stdout carries the JSON only
     # With --confirm, the study's launcher (started once, 10-25 s) also forks confirm's servers
     with launcher_held() if confirm else contextlib.nullcontext():
