@@ -54,7 +54,7 @@ def _refused(r, tmp_path, *fragments: str) -> None:
     (("--port", "8001"), ("--port", "autotune sets this itself")),  # owned
     (("--seed", "3"), ("--seed", "use --seed")),
     (("--speculative-config", '{"method": "ngram"}'), ("--speculative-config", "search space")),
-    (("--compilation-config", '{"cudagraph_mode": "NONE"}'), ("--compilation-config",)),
+    (("--compilation-config", '{"cudagraph_mode": "NONE"}'), ("--compilation-config", "autotune sets this itself")),
     (("--dtype", "float16"), ("--dtype", "duplicates autotune's own option; use --dtype")),  # duplicates
     (("--max-model-len", "256"), ("--max-model-len", "use --max-model-len")),
     (("--gpu-memory-utilization", "0.5"), ("--gpu-memory-utilization", "use --gpu-memory-utilization")),
@@ -124,6 +124,24 @@ def test_workers_times_tensor_parallel_are_placed_on_gpus_or_refused(monkeypatch
     with pytest.raises(BadInput, match="this host has 3 GPUs"):
         devices.partition(1, "cuda", 4)
     assert devices.partition(1, "cuda", 2) == [{}]
+
+
+@pytest.mark.parametrize("visible, placed", [("0,1,2,3", ["0,1", "2,3"]), ("0,1,2", None)])
+def test_search_places_workers_times_tensor_parallel_on_a_faked_gpu_host(tmp_path, monkeypatch, visible, placed):
+    from autotune.cli.search import SearchOptions, prepare
+    from autotune.run import hardware
+
+    monkeypatch.setattr(hardware, "detect", lambda: "cuda")  # a GPU host, faked: no GPU here
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    o = SearchOptions(workload="examples/smoke.jsonl", model="fake-model", space=str(space), workers=2,
+                      serve_flags=("--tensor-parallel-size", "2"), results=tmp_path)
+    if placed is None:
+        with pytest.raises(BadInput, match=r"--workers 2: this host has 3 GPUs \(0,1,2\), not enough"):
+            prepare(o)
+    else:
+        assert prepare(o).envs == [{"CUDA_VISIBLE_DEVICES": d} for d in placed]
 
 
 def test_ranks_on_cpu_get_a_core_list_each(monkeypatch):

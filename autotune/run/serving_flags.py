@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from autotune.core.errors import BadInput
-from autotune.core.serving_flags import ServingFlags, flag
+from autotune.core.serving_flags import DUPLICATES, OWNED, ServingFlags, flag
 from autotune.serve.export import serve_argv
 
 # Not flags of the user's server: the model (autotune's --model), the config file (read into flags).
@@ -116,11 +116,13 @@ def parse(model: str, argv: list[str] | tuple[str, ...] = (), serve_config: Path
     except Exception as e:  # noqa: BLE001 - vLLM's own refusal of a value (VLLMValidationError, ValueError, ...)
         raise BadInput(f"serving flags ({source}): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     # The served command renders them (autotune.serve.export.serve_argv): each must come back the same.
+    # (A flag autotune sets itself is refused by name: autotune.core.serving_flags.collisions.)
+    carried = {k: v for k, v in values.items() if k not in OWNED and k not in DUPLICATES}
     try:
-        again, _ = _non_default(parser, serve_argv({"model": model, **values}))
+        again, _ = _non_default(parser, serve_argv({"model": model, **carried}))
     except BadInput:
         again = {}
-    for name in values:
+    for name in carried:
         if again.get(name) != values[name]:
             raise BadInput(f"{flag(name)} ({source}): autotune cannot carry this flag into the served command "
                            f"(it reads back as {again.get(name)!r}, not {values[name]!r})")
