@@ -180,3 +180,21 @@ def test_serve_sh_reads_back_through_vllms_parser_with_the_flags(platform):
     assert (args.tensor_parallel_size, args.enable_prefix_caching, args.served_model_name,
             args.limit_mm_per_prompt, args.chat_template) == (2, True, ["a", "b"], {"image": 1}, "{{ x }}")
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_export_and_serve_carry_the_servers_environment(tmp_path, monkeypatch):
+    kw = {"model": "/m/t", "seed": 0, "tensor_parallel_size": 2}
+    (tmp_path / "best.json").write_text(json.dumps({"schema_version": 3, "best": {"engine_kwargs": kw},
+                                                    "serve_env": {devices.BIND: "0|1"}}))
+    r = runner.invoke(app, ["export", str(tmp_path)])
+    assert r.exit_code == 0 and r.stdout == "VLLM_CPU_OMP_THREADS_BIND='0|1' vllm serve /m/t --seed 0 " \
+                                            "--tensor-parallel-size 2\n"
+    r = runner.invoke(app, ["export", str(tmp_path), "--format", "yaml"])
+    assert r.stdout.startswith("# serve with VLLM_CPU_OMP_THREADS_BIND='0|1' in the environment\n")
+    started = {}
+    monkeypatch.setattr("os.execve", lambda path, argv, env: started.update(argv=argv, env=env))
+    monkeypatch.delenv(devices.BIND, raising=False)
+    r = runner.invoke(app, ["serve", str(tmp_path), "--port", "8001"])
+    assert r.exit_code == 0, r.output
+    assert started["argv"][-4:] == ["--tensor-parallel-size", "2", "--port", "8001"]
+    assert started["env"][devices.BIND] == "0|1"
