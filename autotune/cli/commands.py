@@ -27,8 +27,12 @@ def export(
     from autotune.serve.export import command, config_yaml, llm_kwargs_json
 
     fmt = _choice(ExportFormat, format, "--format")
-    kw = _chosen(results, "export")["engine_kwargs"]
-    out = {ExportFormat.command: command, ExportFormat.yaml: config_yaml, ExportFormat.json: llm_kwargs_json}[fmt](kw)
+    from autotune.cli.edge import _chosen_report
+
+    report = _chosen_report(results, "export")
+    kw, env = report["best"]["engine_kwargs"], report.get("serve_env")
+    out = {ExportFormat.command: lambda: command(kw, env=env), ExportFormat.yaml: lambda: config_yaml(kw, env=env),
+           ExportFormat.json: lambda: llm_kwargs_json(kw)}[fmt]()
     sys.stdout.write(out if out.endswith("\n") else out + "\n")
 
 
@@ -44,9 +48,12 @@ def serve(ctx: typer.Context,
     """
     from autotune.serve.export import serve_argv
 
-    argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(_chosen(results, "serve")["engine_kwargs"]),
-            *ctx.args]
-    os.execv(sys.executable, argv)  # the server becomes this process: signals reach it directly
+    from autotune.cli.edge import _chosen_report
+
+    report = _chosen_report(results, "serve")
+    argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(report["best"]["engine_kwargs"]), *ctx.args]
+    env = {**(report.get("serve_env") or {}), **os.environ}  # a binding of the user's own wins, as in serve.sh
+    os.execve(sys.executable, argv, env)  # the server becomes this process: signals reach it directly
 
 
 @app.command(epilog="Examples:\n\n  autotune confirm results/json_edit\n\n"

@@ -167,13 +167,18 @@ def _newest_results(root: Path = Path("results")) -> Path:
 
 def _chosen(results: Path | None, what: str) -> dict[str, Any]:
     """The chosen config's report entry of a results folder (default: the newest under ./results)."""
+    return _chosen_report(results, what)["best"]
+
+
+def _chosen_report(results: Path | None, what: str) -> Any:
+    """The StudyReport of a results folder that has a chosen config (default: the newest under ./results)."""
     from autotune.core.study_report import load_report
 
     results = results or _newest_results()
     report = load_report(results)
     if not report.get("best"):
         raise BadInput(f"{results}: the study found no feasible configuration to {what}")
-    return report["best"]
+    return report
 
 
 

@@ -29,6 +29,7 @@ SEARCH_PANELS: dict[str, str] = {
     "turns": WORKLOAD, "output_len": WORKLOAD, "drop_too_long": WORKLOAD,
     "model": MODEL, "draft_model": MODEL, "eagle3_head": MODEL, "eagle_head": MODEL, "trust_remote_code": MODEL,
     "max_model_len": MODEL, "dtype": MODEL, "gpu_memory_utilization": MODEL, "launcher": MODEL,
+    "serve_config": MODEL,
     "config": SEARCH, "space": SEARCH, "trials": SEARCH, "strategy": SEARCH, "try_": SEARCH, "resume": SEARCH,
     "warm_start": SEARCH, "workers": SEARCH, "past_edge": SEARCH, "prune": SEARCH, "schedule": SEARCH,
     "seed": SEARCH,
@@ -42,8 +43,8 @@ SEARCH_PANELS: dict[str, str] = {
     "help_all_": HELP,
 }
 DAY_ONE = frozenset({"format", "concurrency", "levels", "model", "draft_model", "eagle3_head",
-                     "trust_remote_code", "config", "space", "trials", "strategy", "try_", "objectives", "slo",
-                     "max_drift", "results", "confirm", "json_", "help_all_"})
+                     "trust_remote_code", "serve_config", "config", "space", "trials", "strategy",
+                     "try_", "objectives", "slo", "max_drift", "results", "confirm", "help_all_"})
 
 
 class PanelledCommand(TyperCommand):

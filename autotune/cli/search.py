@@ -79,6 +79,8 @@ class SearchOptions:
     trust_remote_code: bool = False
     workers: int = 1
     json: bool = False
+    serve_flags: tuple[str, ...] = ()  # the user's `vllm serve` flags, after --
+    serve_config: Path | None = None  # a YAML of them, as `vllm serve --config` reads it
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class Prepared:
     platform: str
     envs: list[dict[str, str]]
     notes: list[str]  # lines to show before the study starts
+    serve_env: dict[str, str] | None = None  # what serve.sh sets to serve the pick (the CPU binding of ranks)
 
 
 def _settings(o: SearchOptions, platform: str) -> Any:
@@ -146,6 +149,9 @@ def prepare(o: SearchOptions) -> Prepared:
     settings = _settings(o, platform)
     sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
                     models=settings.available_models() | _workload_needs(wl), tags=hardware.platform_tags(platform))
+    from autotune.cli.serving import apply_serving_flags
+
+    settings, sp, flags, flag_notes = apply_serving_flags(o, settings, sp)
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
                        trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
     if platform == "cpu" and o.gpu_memory_utilization is None:  # KV for what the study holds, not 0.3 of RAM
@@ -166,13 +172,19 @@ def prepare(o: SearchOptions) -> Prepared:
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),
                       engine_module=ENGINE)
-    notes = [f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped]
+    notes = [*flag_notes, *(f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped)]
+    envs, bound = devices.bind_ranks(devices.partition(o.workers, platform, flags.devices_per_engine), platform,
+                                     flags.devices_per_engine)
+    if bound:
+        notes.append(escape(bound))
     if fitted.warning:
         notes.append(f"[yellow]warning:[/yellow] {escape(fitted.warning)}")
     if fitted.dropped:
         notes.append(f"--drop-too-long: dropped {len(fitted.dropped)} request(s) over the context of {fitted.context} "
                      f"tokens, e.g. {escape(str(fitted.dropped[0]))}; {len(fitted.workload.requests)} left")
-    return Prepared(fitted.workload, cfg, sp, platform, devices.partition(o.workers, platform), notes)
+    # serve.sh serves the pick alone on this host: every core this process may use, split between ranks.
+    serve_env = devices.bind_ranks([{}], platform, flags.devices_per_engine)[0][0] if bound else None
+    return Prepared(fitted.workload, cfg, sp, platform, envs, notes, serve_env)
 
 
 def run_search(o: SearchOptions, say: Console, *, verbose: bool = False) -> dict[str, Any]:
@@ -203,7 +215,7 @@ def run_search(o: SearchOptions, say: Console, *, verbose: bool = False) -> dict
     if o.warm_start is not None:
         st.set_user_attr(attrs.WARM_START, {"from": str(o.warm_start)})
     return write_results(st, p.cfg.results_dir, settings=p.cfg.settings, platform=hardware.describe(),
-                         objectives=list(p.cfg.objectives), storage_url=p.cfg.storage_url)
+                         objectives=list(p.cfg.objectives), storage_url=p.cfg.storage_url, serve_env=p.serve_env)
 
 
 def warm_start(path: Path, space: Any, settings: Any, workload: str, say: Console

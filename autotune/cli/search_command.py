@@ -22,7 +22,8 @@ from autotune.run.launcher import held as launcher_held
 
 
 @app.command(cls=PanelledCommand, epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
-             "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30")
+             "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30\n\n"
+             "  autotune search traffic.jsonl --model M -- --tensor-parallel-size 2 --enable-prefix-caching")
 def search(
     workload: Annotated[Path, typer.Argument(help="Workload JSONL (native form; see README).")],
     config: Annotated[Optional[Path], typer.Option(
@@ -47,11 +48,9 @@ def search(
     drop_too_long: Annotated[bool, typer.Option(help="Leave out requests whose prompt + max_tokens exceed the "
                                                      "model's context (default: refuse them, exit 2).")] = False,
     trials: Annotated[int, typer.Option(min=1, help="Trials to finish at most, the baseline included.")] = 8,
-    strategy: Annotated[str, typer.Option(metavar=choices(Strategy), help="How candidates are chosen: predict (forecast every candidate from "
-                                               "the baseline's tokens and the step costs measured so far, measure "
-                                               "what can win, stop when nothing can beat the best by more than "
-                                               "the noise), grid (the space in order), tpe or random (Optuna's "
-                                               "samplers).")] = "predict",
+    strategy: Annotated[str, typer.Option(metavar=choices(Strategy), help="How candidates are chosen: predict (forecast each from the "
+                                               "baseline's tokens, measure what can win), grid (in order), tpe or "
+                                               "random (Optuna's samplers).")] = "predict",
     instrument: Annotated[str, typer.Option(metavar=choices(Instrument), help="How each trial is measured: served (the candidate's exported "
                                                  "`vllm serve` command, driven over HTTP: the number users get) "
                                                  "or inprocess (vLLM's AsyncLLM in the worker: skips the serving "
@@ -95,10 +94,8 @@ def search(
                                                      "replay (the workload's arrival_s) or ramp=N (in flight "
                                                      "rising from 1 to N and back).")] = None,
     levels: Annotated[Optional[str], typer.Option(help="Concurrency levels the service will see, e.g. 1,8: every "
-                                                       "trial is measured at each (the first is the study's own "
-                                                       "load) and under a ramp between them; the pick's method "
-                                                       "then gets a depth per batch size, kept if it holds at "
-                                                       "every level and under the ramp.")] = None,
+                                                       "trial measured at each; the pick's method then gets a depth "
+                                                       "per batch size where it holds at every level.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Measured windows per trial (median and MAD reported).")] = 2,
     max_repeats: Annotated[int, typer.Option(min=0, help="Re-measure a candidate whose throughput spread (MAD) is "
                                                         "over 3%, up to this many windows in all (0: never).")] = 4,
@@ -138,8 +135,7 @@ def search(
     try_: Annotated[Optional[list[str]], typer.Option(
         "--try", metavar="JSON", help="A config to measure first, as JSON of space parameters, e.g. "
                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'; knobs left out take the "
-                      "space's baseline values (kv_cache_dtype, quantization, ...), the verification knobs vLLM's "
-                      "(rejection_sample_method standard, draft_sample_method greedy). Repeatable.")] = None,
+                      "space's baseline values and vLLM's verification defaults. Repeatable.")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model repos to run their own code.")] = False,
     workers: Annotated[int, typer.Option(min=1, envvar="AUTOTUNE_WORKERS",
                                          help="Trials run in parallel, each on its own share of this host's "
@@ -151,6 +147,13 @@ def search(
                                           "claim.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the results (best.json) as JSON on stdout; "
                                                        "progress goes to stderr.")] = False,
+    serve_config: Annotated[Optional[Path], typer.Option(
+        metavar="FILE", help="Your `vllm serve` flags as YAML (as `vllm serve --config` reads it); "
+                             "flags after -- win.")] = None,
+    serve_flags: Annotated[Optional[list[str]], typer.Argument(metavar="-- VLLM_SERVE_FLAGS...",
+        help="Your `vllm serve` flags, e.g. -- -tp 2 --enable-prefix-caching: read by vLLM's parser, in "
+             "every trial, confirm and serve.sh; a searched knob they set leaves the space.",
+        show_default=False)] = None,
 ) -> None:
     """Search for the fastest correct vLLM config for WORKLOAD and write results/<study>/."""
     from autotune.cli.search import SearchOptions, run_search
@@ -169,7 +172,8 @@ def search(
                          lossy_min_gain=lossy_min_gain, allow_unverified=allow_unverified, samples=samples,
                          sample_tokens=sample_tokens, seed=seed, resume=resume,
                          warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
-                         workers=workers, json=json_)
+                         workers=workers, json=json_, serve_flags=tuple(serve_flags or ()),
+                         serve_config=serve_config)
     say = err if json_ else console  # --json: stdout carries the JSON only
     # With --confirm, the study's launcher (started once, 10-25 s) also forks confirm's servers
     with launcher_held() if confirm else contextlib.nullcontext():

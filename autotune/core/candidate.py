@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,9 @@ class Settings:
     kv_cache_memory_bytes: int | None = None  # vLLM's --kv-cache-memory-bytes (autotune.core.kv_budget)
     seed: int = 0
     trust_remote_code: bool = False
+    # The user's own `vllm serve` flags, fixed in every trial (autotune.core.serving_flags): vLLM's
+    # argument names, JSON values, as vLLM's parser read them.
+    serve_flags: dict[str, Any] = field(default_factory=dict)
 
     def available_models(self) -> set[str]:
         """What the space's ``needs:`` can ask for: user-supplied drafts, the model's own MTP layers,
@@ -183,6 +186,7 @@ class Candidate:
         kw["seed"] = settings.seed
         if settings.trust_remote_code:
             kw["trust_remote_code"] = True
+        kw.update(settings.serve_flags)  # never a key set around it: collisions are refused or removed from the space
         for key in ENGINE_KEYS:
             if key in self.params and self.params[key] != UNSET.get(key):
                 kw[key] = self.params[key]

@@ -231,8 +231,22 @@ def bundled_spaces() -> dict[str, Path]:
 
 def reload_space(resolved: dict[str, Any]) -> SearchSpace:
     """The space a study ran, from its ``resolved`` record (the same choices, on any machine)."""
-    return load_space(resolved["source"], platform=resolved["platform"], models=set(resolved["models"]),
-                      tags=set(resolved["tags"]))
+    sp = load_space(resolved["source"], platform=resolved["platform"], models=set(resolved["models"]),
+                    tags=set(resolved["tags"]))
+    return without(sp, resolved.get("fixed") or [], "")
+
+
+def without(sp: SearchSpace, names: list[str], why: str) -> SearchSpace:
+    """``sp`` without the knobs ``names`` (the user fixed them with serving flags: every trial has
+    the user's value), each noted as left out ``why``; recorded in ``resolved`` to reload it so."""
+    gone = [n for n in names if any(p.name == n for p in sp.params)]
+    if not gone:
+        return sp
+    params = tuple(replace(p, when={k: v for k, v in p.when.items() if k not in gone})
+                   for p in sp.params if p.name not in gone)
+    return replace(sp, params=params, baseline={k: v for k, v in sp.baseline.items() if k not in gone},
+                   dropped=(*sp.dropped, *(f"{n} ({why})" for n in gone if why)),
+                   resolved={**sp.resolved, "fixed": sorted({*sp.resolved.get("fixed", []), *gone})})
 
 
 def load_space(name_or_path: str, *, platform: str, models: set[str], tags: set[str] | None = None) -> SearchSpace:

@@ -73,6 +73,7 @@ class StudyReport(TypedDict, total=False):
     warm_start: str | None
     strategy: dict[str, Any]
     serve_command: str
+    serve_env: dict[str, str]  # what the pick's server needs in its environment (the CPU binding of its ranks)
     served_vs_claimed: str | None  # written by `autotune confirm`
 
 

@@ -200,24 +200,27 @@ def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, 
     dataset = out / DATASET
     dataset.write_text("".join(json.dumps(r) + "\n" for r in plan.rows))
     scripts = {"baseline": out / "baseline.sh", "pick": results_dir / "serve.sh"}
-    scripts["baseline"].write_text(serve_script(base["engine_kwargs"], platform=platform, python=python))
+    env = report.get("serve_env") or None  # the CPU binding of tensor-parallel ranks, for both sides
+    scripts["baseline"].write_text(serve_script(base["engine_kwargs"], platform=platform, python=python, env=env))
     if not scripts["pick"].is_file():  # results copied without it: the same script, from best.json
         scripts["pick"] = out / "pick.sh"
-        scripts["pick"].write_text(serve_script(kw, platform=platform, python=python))
+        scripts["pick"].write_text(serve_script(kw, platform=platform, python=python, env=env))
         plan.notes.append("serve.sh was missing; served confirm/pick.sh, written from best.json's engine kwargs")
     for sh in scripts.values():
         sh.chmod(0o755)
     kwargs = {"baseline": base["engine_kwargs"], "pick": kw}
     commands = {side: [*_launcher(python), "serve", *serve_argv(kwargs[side])]
-                for side, sh in scripts.items() if written_by_export(sh.read_text(), kwargs[side], platform=platform)}
+                for side, sh in scripts.items() if written_by_export(sh.read_text(), kwargs[side], platform=platform, env=env)}
     if "pick" not in commands:
         plan.notes.append(f"{scripts['pick'].name} is not the command autotune wrote for best.json's engine kwargs: "
                           "served as written, each round a new process")
     client = [*_launcher(python), "bench", "serve", "--model", kw["model"],
+              *(["--served-model-name", kw["served_model_name"][0]] if kw.get("served_model_name") else []),
               *(["--tokenizer", kw["tokenizer"]] if kw.get("tokenizer") else []),
               *(["--trust-remote-code"] if kw.get("trust_remote_code") else []),
               "--dataset-path", str(dataset), *plan.flags]
-    return _Setup(results_dir, out, plan, scripts, client, {"AUTOTUNE_PYTHON": python}, platform, commands)
+    return _Setup(results_dir, out, plan, scripts, client, {"AUTOTUNE_PYTHON": python, **(env or {})}, platform,
+                  commands)
 
 
 def setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int = DEFAULT_WARMUPS,

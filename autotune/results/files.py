@@ -152,8 +152,9 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
 
 
 def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dict[str, Any],
-                  objectives: list[str], storage_url: str) -> dict[str, Any]:
-    """Write every results file for ``study``; return the StudyReport (what best.json holds)."""
+                  objectives: list[str], storage_url: str, serve_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write every results file for ``study``; return the StudyReport (what best.json holds).
+    ``serve_env``: variables the pick's server needs (the CPU binding of tensor-parallel ranks)."""
     from autotune.serve.export import command, serve_script
     from autotune.study.trials import reference_trial
     from autotune.study.pareto import trials_frame
@@ -168,8 +169,10 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
                           storage_url=storage_url)
     if report["best"] is not None:
         kw = report["best"]["engine_kwargs"]
-        report["serve_command"] = command(kw)
-        (results_dir / "serve.sh").write_text(serve_script(kw, platform=platform["platform"]))
+        if serve_env:
+            report["serve_env"] = serve_env
+        report["serve_command"] = command(kw, env=serve_env)
+        (results_dir / "serve.sh").write_text(serve_script(kw, platform=platform["platform"], env=serve_env))
         (results_dir / "serve.sh").chmod(0o755)
     (results_dir / "best.json").write_text(dumps(report))
     (results_dir / "report.md").write_text(markdown(report, frame))

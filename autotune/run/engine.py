@@ -9,6 +9,7 @@ never touches vLLM objects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from pathlib import Path
@@ -54,8 +55,6 @@ def _engine_args(cls: Any, kwargs: dict[str, Any]) -> Any:
     """The candidate's engine arguments plus what measuring needs (not part of the exported config):
     vLLM's stats (the acceptance counters) and, with speculation where this vLLM has them, per-request
     acceptance metrics (autotune.measure.categories: acceptance by request category)."""
-    import dataclasses
-
     from autotune.run.vllm_ext import QUALNAME, needs_reset
 
     extra: dict[str, Any] = {"disable_log_stats": False}
@@ -64,7 +63,8 @@ def _engine_args(cls: Any, kwargs: dict[str, Any]) -> Any:
     fields = {f.name for f in dataclasses.fields(cls)}
     if kwargs.get("speculative_config") and "per_request_spec_decode_metrics" in fields:
         extra["per_request_spec_decode_metrics"] = "summary"
-    return cls(**kwargs, **extra)
+    # The user's API-server flags (--chat-template, ...) are no engine arguments: no server here to take them.
+    return cls(**{k: v for k, v in kwargs.items() if k in fields}, **extra)
 
 
 class InProcess:
@@ -201,7 +201,8 @@ async def _trace(job: Job, phase: Phase) -> dict[str, Any]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     phase("engine", {})
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**job["engine_kwargs"]))
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}  # the user's API-server flags are not
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**{k: v for k, v in job["engine_kwargs"].items() if k in fields}))
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False,
                             output_kind=RequestOutputKind.FINAL_ONLY)
     out: dict[str, Any] = {}

@@ -125,6 +125,11 @@ class ServedEngine:
     def model(self) -> str:
         return str(self.engine_kwargs["model"])
 
+    @property
+    def served_name(self) -> str:
+        """The name requests ask for: the first --served-model-name of the user's flags, else the model."""
+        return str((self.engine_kwargs.get("served_model_name") or [self.model])[0])
+
     def argv(self) -> list[str]:
         """The server's command line: the exported arguments, plus where to listen."""
         from autotune.run.vllm_ext import QUALNAME, needs_reset
@@ -211,7 +216,7 @@ class ServedEngine:
 
     async def stream(self, prompt: str | list[int], sampling: dict[str, Any], rid: str) -> AsyncIterator[Delta]:
         """One request streamed from /v1/completions: a Delta per chunk, the last one finished."""
-        body = {"model": self.model, "prompt": prompt, "stream": True, "return_token_ids": True, **sampling}
+        body = {"model": self.served_name, "prompt": prompt, "stream": True, "return_token_ids": True, **sampling}
         async with self._session.post(f"{self.base_url}/v1/completions", json=body,
                                       headers={"X-Request-Id": rid}) as resp:
             if resp.status != 200:
@@ -230,7 +235,7 @@ class ServedEngine:
 
     async def prompt_logprobs(self, ids: list[int], k: int, rid: str) -> list[dict[int, tuple[float, int | None]]]:
         """Each prompt position's {token id: (log-prob, rank)}: the scored token and the top ``k``."""
-        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
+        body = {"model": self.served_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
         async with self._session.post(f"{self.base_url}/v1/completions", json=body,
                                       headers={"X-Request-Id": rid}) as resp:
             data = await resp.json()

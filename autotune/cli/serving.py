@@ -1,0 +1,35 @@
+"""The user's `vllm serve` flags (after ``--``, or ``--serve-config``) applied to a search before it starts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from rich.markup import escape
+
+from autotune.core.serving_flags import ServingFlags, collisions, flag
+
+
+def apply_serving_flags(o: Any, settings: Any, space: Any) -> tuple[Any, Any, ServingFlags, list[str]]:
+    """Parse ``o.serve_flags`` / ``o.serve_config`` with vLLM's parser (BadInput, exit 2, on a flag it
+    refuses or one that collides: autotune.core.serving_flags.collisions), remove the knobs they fix
+    from ``space``, and fix them in ``settings``; with the lines to show before the study starts."""
+    if not o.serve_flags and o.serve_config is None:
+        return settings, space, ServingFlags(), []
+    from autotune.core.space import without
+    from autotune.run.serving_flags import parse
+
+    flags = parse(settings.model, list(o.serve_flags), o.serve_config)
+    fixed = collisions(flags, {p.name for p in space.params})
+    values = dict(flags.values)
+    if "tokenizer" in values:  # the prompts' lengths are checked with it too (autotune.core.context)
+        settings = replace(settings, tokenizer=values.pop("tokenizer"))
+    space = without(space, fixed, "fixed by your serving flags")
+    settings = replace(settings, serve_flags=values)
+    shown = " ".join(f"{flag(k)}={v}" for k, v in flags.values.items())
+    notes = [f"serving flags ({escape(flags.source)}): {escape(shown)}, in every trial and in serve.sh"]
+    notes += [f"{flag(k)}: fixed by your serving flags, so the space no longer searches {k}" for k in fixed]
+    if flags.served_only:
+        notes.append(f"[dim]{escape(', '.join(map(flag, flags.served_only)))}: the API server's, so only "
+                     "--instrument served and confirm carry them[/dim]")
+    return settings, space, flags, notes
