@@ -26,6 +26,8 @@ so a test's run is reproducible and two fresh engines of one config differ, as r
 in speculative configs' outputs, halfway through those requests: the runner-up token (its id plus
 50) instead of the baseline's, and other tokens after it. Every config's scores put that runner-up
 3 nats below the path token, except at a "near" request's flip: 0.01 nats (a near-tie, numerics).
+``"fresh_baseline"`` flips those requests alike in every unspeculated engine but trial 0's (the
+baseline's fresh instance, against the first: the floor that widens the near-tie threshold).
 ``AUTOTUNE_FAKE_LOSSY_GAIN`` makes a lossy config's steps that many times faster (default 1: its gain
 over the same lossless config is noise alone).
 """
@@ -130,12 +132,12 @@ def _scores(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) -> 
     return out
 
 
-def _planted_flip(job: dict[str, Any], rid: str) -> tuple[str, int] | None:
+def _planted_flip(job: dict[str, Any], rid: str, kinds: tuple[str, ...] = ("near", "confident")) -> tuple[str, int] | None:
     """(kind, position) of the flip AUTOTUNE_FAKE_FLIPS plants in request ``rid``, or None."""
     flips = json.loads(os.environ.get("AUTOTUNE_FAKE_FLIPS") or "{}")
     index = next((i for i, r in enumerate(job["requests"]) if r["id"] == rid), None)
     req = job["requests"][index] if index is not None else None
-    kind = next((k for k in ("near", "confident") if index in flips.get(k, ())), None)
+    kind = next((k for k in kinds if index in flips.get(k, ())), None)
     return None if kind is None or req is None else (kind, req["sampling"]["max_tokens"] // 2)
 
 
@@ -171,7 +173,10 @@ def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any, scale: floa
         dt *= scale
         n = req["sampling"]["max_tokens"]
         tokens = [(7 * i + j + offset) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
-        if job["engine_kwargs"].get("speculative_config") and (flip := _planted_flip(job, req["id"])):
+        spec = bool(job["engine_kwargs"].get("speculative_config"))
+        fresh = not spec and not str(job.get("workdir") or "").endswith("0000")  # a baseline's later instance
+        if (spec and (flip := _planted_flip(job, req["id"]))) or \
+                (fresh and (flip := _planted_flip(job, req["id"], ("fresh_baseline",)))):
             tokens = tokens[:flip[1]] + [tokens[flip[1]] + 50] + [t + 60 for t in tokens[flip[1] + 1:]]
         start, chunks = t, []
         for j in range(0, n, b):
