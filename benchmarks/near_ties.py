@@ -70,6 +70,17 @@ def logit_scale(model: Path, prompts: list[str], n: int = 8) -> dict[str, float]
     return {"max": round(max(tops), 3), "mean_top": round(sum(tops) / len(tops), 3), "positions": len(tops)}
 
 
+def margins_below(scores: dict[str, dict[str, Any]], cuts: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5)
+                  ) -> dict[str, Any]:
+    """How close the reference came to a flip: at every scored position, its own token's log-prob
+    minus the best other one in its top 5; how many positions fall below each cut."""
+    margins = [lp - max(o) for s in scores.values() if "logprobs" in s
+               for t, lp, top in zip(s["token_ids"], s["logprobs"], s["top"])
+               if (o := [x for u, x in top if u != t])]
+    return {"positions": len(margins), "min": round(min(margins), 5) if margins else None,
+            "below": {str(c): sum(m < c for m in margins) for c in cuts}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload", nargs="?", default="examples/json_edit.jsonl")
@@ -105,6 +116,7 @@ def main() -> None:
         recs, reqs = out.raw["windows"][0]["requests"], job["requests"]
         if name == "reference":
             ref = {"records": recs, "scores": out.raw["scores"]}
+            rows["reference"] = {"margins": margins_below(ref["scores"]), "seconds": round(time.monotonic() - t0)}
             continue
         v = verdict(reqs, recs, ref["records"], lossy=False, tol=Tolerances(), base_scores=ref["scores"],
                     threshold=th)
