@@ -6,6 +6,9 @@ model.safetensors, tokenizer files) that vLLM loads directly:
     python scripts/train_demo_models.py                 # writes autotune/demo/models/{target,draft}
     python scripts/train_demo_models.py --resume        # go on from the last checkpoint
     python scripts/train_demo_models.py --quick         # a tiny run, to check the script itself
+    python scripts/train_demo_models.py --tokenizer-from autotune/demo/models --only target --target-steps 300 \
+        --docs 6000 --eval-every 300 --eval-n 8 --out build/undertrained --work build/undertrained/work
+                                                        # an under-trained target (benchmarks/near_ties.py)
     python scripts/train_demo_models.py --init-from autotune/demo/models --only target --target-steps 2000 \
         --lr 4e-4 --copy-share 0 --json-share 0.2 --multi-share 0.3 --eval-n 96
                                                         # go on from a shipped pair on today's corpus
@@ -270,14 +273,18 @@ def main() -> None:
                                                               "(a value then follows its key directly)")
     ap.add_argument("--init-from", type=Path, help="a trained pair's folder: keep its tokenizer and go on "
                                                    "training its target (the draft trains from scratch)")
+    ap.add_argument("--tokenizer-from", type=Path, help="a trained pair's folder: keep its tokenizer, train from "
+                                                        "scratch (an under-trained target for its draft and EAGLE-3 "
+                                                        "head: benchmarks/near_ties.py)")
+    ap.add_argument("--docs", type=int, default=TRAINING_DOCS, help="corpus documents to train on")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     n_docs, vocab = (2000, 512) if args.quick else (TOKENIZER_DOCS, 1024)
-    if args.init_from:
-        tok = PreTrainedTokenizerFast.from_pretrained(args.init_from / "target")
+    if args.init_from or args.tokenizer_from:
+        tok = PreTrainedTokenizerFast.from_pretrained((args.init_from or args.tokenizer_from) / "target")
     else:
         tok = train_tokenizer(documents(n_docs, seed=TOKENIZER_SEED), vocab, key_tokens=args.key_tokens)
-    rows = Rows(tok, 4000 if args.quick else TRAINING_DOCS, seed=TRAINING_SEED)
+    rows = Rows(tok, 4000 if args.quick else args.docs, seed=TRAINING_SEED)
     rows.copy_share, rows.json_share, rows.multi_share = args.copy_share, args.json_share, args.multi_share
     rows.edit_weight = args.edit_weight
     print(f"corpus: {len(rows.rows)} documents, vocab {len(tok)}", flush=True)

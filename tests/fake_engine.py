@@ -22,6 +22,12 @@ so a test's run is reproducible and two fresh engines of one config differ, as r
   request's temperature times a scale: 1.3 for a lossy (fp8 KV) config (lossy on purpose), the
   planted fault's ``temperature_scale`` (tests/faulty_engine.py's ``AUTOTUNE_TEST_FAULT``), and ``AUTOTUNE_FAKE_SHIFT`` for speculative configs (a
   broken speculative sampler; unset: a correct one, which keeps its config's law).
+``AUTOTUNE_FAKE_FLIPS`` (JSON, ``{"near": [request indices], "confident": [...]}``) plants greedy flips
+in speculative configs' outputs, halfway through those requests: the runner-up token (its id plus
+50) instead of the baseline's, and other tokens after it. Every config's scores put that runner-up
+3 nats below the path token, except at a "near" request's flip: 0.01 nats (a near-tie, numerics).
+``"fresh_baseline"`` flips those requests alike in every unspeculated engine but trial 0's (the
+baseline's fresh instance, against the first: the floor that widens the near-tie threshold).
 ``AUTOTUNE_FAKE_LOSSY_GAIN`` makes a lossy config's steps that many times faster (default 1: its gain
 over the same lossless config is noise alone).
 """
@@ -119,8 +125,20 @@ def _scores(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) -> 
         path = by_id[rid]["token_ids"] if reference is None else reference.get(rid)
         if path:
             lps = [round(-0.5 - 0.1 * (t % 5) - (0.08 if drift else 0.0), 5) for t in path]
-            out[rid] = {"token_ids": path, "logprobs": lps, "top": [[[t, lp]] for t, lp in zip(path, lps)]}
+            near = _planted_flip(job, rid) == ("near", len(path) // 2)
+            out[rid] = {"token_ids": path, "logprobs": lps,
+                        "top": [[[t, lp], [t + 50, round(lp - (0.01 if near and j == len(path) // 2 else 3.0), 5)]]
+                                for j, (t, lp) in enumerate(zip(path, lps))]}
     return out
+
+
+def _planted_flip(job: dict[str, Any], rid: str, kinds: tuple[str, ...] = ("near", "confident")) -> tuple[str, int] | None:
+    """(kind, position) of the flip AUTOTUNE_FAKE_FLIPS plants in request ``rid``, or None."""
+    flips = json.loads(os.environ.get("AUTOTUNE_FAKE_FLIPS") or "{}")
+    index = next((i for i, r in enumerate(job["requests"]) if r["id"] == rid), None)
+    req = job["requests"][index] if index is not None else None
+    kind = next((k for k in kinds if index in flips.get(k, ())), None)
+    return None if kind is None or req is None else (kind, req["sampling"]["max_tokens"] // 2)
 
 
 def _draw(rng: random.Random, temperature: float, length: int) -> list[int]:
@@ -155,6 +173,11 @@ def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any, scale: floa
         dt *= scale
         n = req["sampling"]["max_tokens"]
         tokens = [(7 * i + j + offset) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
+        spec = bool(job["engine_kwargs"].get("speculative_config"))
+        fresh = not spec and not str(job.get("workdir") or "").endswith("0000")  # a baseline's later instance
+        if (spec and (flip := _planted_flip(job, req["id"]))) or \
+                (fresh and (flip := _planted_flip(job, req["id"], ("fresh_baseline",)))):
+            tokens = tokens[:flip[1]] + [tokens[flip[1]] + 50] + [t + 60 for t in tokens[flip[1] + 1:]]
         start, chunks = t, []
         for j in range(0, n, b):
             t += dt

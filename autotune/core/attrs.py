@@ -37,6 +37,8 @@ PLANNED = "planned"  # why the strategy chose this candidate (predict, grid)
 OUTPUTS = "outputs"
 SAMPLES = "samples"
 SCORES = "scores"
+# The baseline's margins where a fresh instance of it flipped against it (autotune.measure.nearties).
+NUMERICS_FLOOR = "numerics_floor"
 
 # Roles.
 BASELINE = "baseline"

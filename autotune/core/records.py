@@ -90,6 +90,7 @@ class RawRun(TypedDict):
     unspeculated: NotRequired[dict[str, Any]]
     vllm_version: str
     load: dict[str, Any]
+    dtype: NotRequired[str]  # the dtype the engine computed in, as vLLM resolved it (in-process runs)
     # how the worker and its server came to exist: "forked" (the study's launcher) or "fresh"
     started: NotRequired[dict[str, str]]
 

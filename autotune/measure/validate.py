@@ -1,7 +1,8 @@
 """Correctness verdicts: a candidate's outputs against the baseline's, and the workload's expectations.
 
-Speculation alone should be lossless: greedy outputs must match the baseline's tokens (vLLM
-promises equality "up to numerics", so a small tolerance is allowed). Quantization and KV dtype
+Speculation alone should be lossless: greedy outputs must match the baseline's tokens up to
+numerics (vLLM's word): each differing output is judged at its first differing token by the
+baseline's margin there (autotune.measure.nearties): a near-tie flip is numerics, any other a fault. Quantization and KV dtype
 change numerics on purpose: their drift from the baseline is gated by ``max_drift`` (token
 agreement) and by ``max_logprob_drift``: both engines score the baseline's greedy tokens
 teacher-forced (autotune.run.engine), and the per-token log-probs are compared.
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune.measure.metrics import complete
+from autotune.measure.nearties import FlipCount, Threshold, dtype_threshold, flip_gap, judge_flips
 from autotune.measure.stats import DEFAULT_ALPHA, sampler_test
 
 
@@ -68,6 +70,15 @@ class Verdict:
     # without speculation (None: not such a config, or that reference did not run). Its
     # distribution_p then compares its draws with that reference's, not the baseline's.
     speculation_agreement: float | None = None
+    # Greedy outputs judged by their first divergence (autotune.measure.nearties) against the baseline
+    # (a lossy config with speculation: against the same config without it): how many at near-ties
+    # (numerics), how many faults, how many unscored (judged by token agreement), and the threshold.
+    near_ties: int = 0
+    flip_faults: int = 0
+    flips_unscored: int = 0
+    near_tie_threshold: float | None = None
+    near_tie_source: str = ""
+    flip_margins: tuple[float, ...] = ()  # the reference's margin at each scored first divergence
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -286,7 +297,8 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
             base_samples: dict[str, list[list[int]]] | None = None,
             scores: dict[str, dict[str, Any]] | None = None,
             base_scores: dict[str, dict[str, Any]] | None = None,
-            speculative: bool = False, unspeculated: Unspeculated | None = None) -> Verdict:
+            speculative: bool = False, unspeculated: Unspeculated | None = None,
+            dtype: str | None = None, threshold: Threshold | None = None) -> Verdict:
     """Judge a candidate's records against the baseline's (``base`` None: this *is* the baseline).
 
     ``samples``/``base_samples``: per sampled request, short samples drawn with fixed seeds; for a
@@ -295,6 +307,7 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     reported for every candidate, gated by ``tol.max_logprob_drift`` for lossy ones.
     ``speculative`` with ``lossy``: the speculation is judged against ``unspeculated`` (the same
     config without speculation) by the lossless rules, and the lossy part by drift; both must pass.
+    ``threshold``: the near-tie threshold (None: ``dtype``'s, autotune.measure.nearties.dtype_threshold).
     """
     by_id = {r["id"]: r for r in cand}
     budget = tol.max_drift if lossy else tol.lossless
@@ -308,25 +321,33 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     # A lossy config with log-probs is judged by them: its greedy tokens flip at near-ties (bfloat16
     # vs float32: 30 of 32 outputs differ at a drift of 0.0025 nats/token), so token agreement would
     # reject every lossy config. Without log-probs, token agreement is the gate.
-    gap = (1.0 - mean_agree) - budget if not (lossy and drift is not None) else 0.0
+    gap = (1.0 - mean_agree) - budget if lossy and drift is None else 0.0
     if gap > 0:
-        kind = "drift" if lossy else "greedy mismatch (speculation should be lossless)"
-        reasons.append(f"{kind}: token agreement {mean_agree:.3f} < {1 - budget:.3f}; "
+        reasons.append(f"drift: token agreement {mean_agree:.3f} < {1 - budget:.3f}; "
                        f"{t.greedy - t.identical}/{t.greedy} greedy outputs differ, first at token {t.first}")
+    th = threshold or dtype_threshold(dtype)
+    flips: FlipCount | None = None
+    if not lossy:  # speculation alone: every greedy flip judged at its first divergence
+        flips, excused = judge_flips(requests, by_id, {r["id"]: r for r in base} if base is not None else by_id,
+                                     base_scores, th)
+        gap, why = flip_gap(flips, excused, budget, t.greedy)
+        reasons += [f"greedy mismatch (speculation should be lossless): {why}"] if why else []
     split = lossy and speculative and base is not None
     twin_missing = _twin_problem(unspeculated, requests) if split else None
     dist_p, n_draws, dist_gap, spec_agree = None, 0, 0.0, None
     if split and unspeculated is not None and twin_missing is None:
         # Speculation alone is lossless, so it must keep the lossy config's own tokens and sampler:
         # the same checks a lossless candidate meets against the baseline.
+        # Margins from this config's own scores of the baseline's paths (a prefill: no draft verified),
+        # where the reference run followed that path up to its flip.
         st = _tally(requests, by_id, {r["id"]: r for r in unspeculated.outputs})
         spec_agree = st.mean_agreement
-        spec_gap = (1.0 - spec_agree) - tol.lossless
-        if spec_gap > 0:
+        flips, excused = judge_flips(requests, by_id, {r["id"]: r for r in unspeculated.outputs}, scores, th)
+        spec_gap, why = flip_gap(flips, excused, tol.lossless, st.greedy)
+        if why:
             gap = max(gap, spec_gap)
             reasons.append(f"greedy mismatch against the same config without speculation (speculation should "
-                           f"be lossless): token agreement {spec_agree:.3f} < {1 - tol.lossless:.3f}; "
-                           f"{st.greedy - st.identical}/{st.greedy} greedy outputs differ, first at token {st.first}")
+                           f"be lossless): {why}")
         if samples and unspeculated.samples:
             flagged, dist_p, n_draws = sampler_test(unspeculated.samples, samples, alpha=tol.alpha)
             if flagged:
@@ -352,6 +373,8 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
                                                         attempted=attempted, split=split, twin_missing=twin_missing)
     status = "failed" if reasons else ("unverified" if missing else "ok")
     reason = "; ".join(reasons) or ("unverified: not checked: " + "; ".join(missing) if missing else "ok")
+    if not reasons and flips is not None and flips.differ:  # passed with flips: say how many, and why
+        reason += f" ({flips.text(t.greedy)})"
     unverified_gap = 1.0 if status == "unverified" and not tol.allow_unverified else 0.0
     if lossy and lp_note and not lp_gap:  # within budget, still worth seeing (beside a token drift, say)
         reason += f"{'; ' if reasons else ', '}{lp_note} within {tol.max_logprob_drift:g}" + \
@@ -366,4 +389,6 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
                    logprob_kl=None if drift is None else drift.kl, logprob_tokens=0 if drift is None else drift.tokens,
                    budget=budget,
                    constraints=(gap, float(t.regressions), float(n_incomplete), dist_gap, lp_gap, unverified_gap),
-                   status=status, unverified=tuple(missing), speculation_agreement=spec_agree)
+                   status=status, unverified=tuple(missing), speculation_agreement=spec_agree,
+                   **(flips.fields() if flips is not None else {}))
+

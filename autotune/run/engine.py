@@ -129,6 +129,11 @@ class InProcess:
     def speculation(self) -> dict[str, Any] | None:
         return resolved_speculation(getattr(self.engine, "vllm_config", None))
 
+    def dtype(self) -> str | None:
+        """The dtype vLLM resolved ("auto" included): the near-tie threshold's (autotune.measure.nearties)."""
+        config = getattr(getattr(self.engine, "vllm_config", None), "model_config", None)
+        return None if config is None else str(config.dtype).removeprefix("torch.")
+
     async def shutdown(self) -> None:
         self.engine.shutdown()
 
@@ -172,6 +177,7 @@ async def _run(job: Job, phase: Phase) -> RawRun:
                                  {x["id"]: x.get("prompt_tokens") for x in windows[0]["requests"]})
         scores = await score_greedy(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
         ran = engine.speculation()
+        dtype = engine.dtype() if hasattr(engine, "dtype") else None  # the served instrument does not say
     finally:
         await engine.shutdown()
     from autotune.run import launcher
@@ -182,7 +188,8 @@ async def _run(job: Job, phase: Phase) -> RawRun:
                else ("fresh" if hasattr(engine, "proc") else "none (in the worker)")}
     return {"engine_init_s": init_s, "started": started, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
-            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess")}
+            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess"),
+            **({"dtype": dtype} if dtype else {})}
 
 
 async def _trace(job: Job, phase: Phase) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from autotune.measure.config import StudyConfig
 from autotune.measure.metrics import at_level, measure_run
 from autotune.core.records import Job, JobRequest, Measurement, RawRun
 from autotune.measure.slo import goodput
+from autotune.measure.nearties import Threshold, dtype_threshold, run_dtype, widen
 from autotune.measure.validate import Unspeculated, Verdict, verdict
 from autotune.run.worker import OnEvent, TrialOutcome, run_trial
 from autotune.core.workload import UNCATEGORIZED, Workload, expand_turns
@@ -33,6 +34,9 @@ class Reference:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     samples: dict[str, list[list[int]]] = field(default_factory=dict)
     scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The baseline's margins where a fresh instance of it flipped against it: they widen the
+    # near-tie threshold (autotune.measure.nearties.widen); empty until such an instance ran.
+    floor: tuple[float, ...] = ()
 
     def paths(self) -> dict[str, list[int]]:
         """Request id -> the baseline's output tokens (greedy or sampled), which a candidate scores
@@ -129,8 +133,10 @@ def slo_constraints(m: Measurement, cfg: StudyConfig) -> tuple[dict[str, float],
 
 
 def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: StudyConfig,
-             reference: Reference | None) -> Evaluation:
-    """Measure and judge one raw run (``reference`` None: this is the baseline)."""
+             reference: Reference | None, *, second_baseline: bool = False) -> Evaluation:
+    """Measure and judge one raw run (``reference`` None: this is the baseline; ``second_baseline``:
+    a fresh instance of the baseline, whose flips against the first are numerics by definition and
+    widen the near-tie threshold, its own verdict's first)."""
     m = measure(raw, requests, cand, cfg)
     records = raw["windows"][0]["requests"]  # every window replays the same requests
     # prompt_token_ids: vLLM's own tokenization, from which autotune.forecast.predict replays acceptance.
@@ -138,10 +144,18 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
                 "error": r["error"], "chunks": len(r["chunks"]), "prompt_token_ids": r.get("prompt_token_ids")}
                for r in records]
     base = reference  # None for the baseline itself
-    v = verdict(expand_turns(requests), records, None if base is None else base.outputs, lossy=cand.lossy,
-                tol=cfg.tolerances, samples=raw.get("samples"), base_samples=None if base is None else base.samples,
-                scores=raw.get("scores"), base_scores=None if base is None else base.scores,
-                speculative=cand.method != "none", unspeculated=_unspeculated(raw))
+    dtype = run_dtype(raw.get("dtype"), cand.engine_kwargs(cfg.settings))
+    threshold = widen(dtype_threshold(dtype), list(base.floor) if base is not None else [])
+
+    def judge(th: Threshold) -> Verdict:
+        return verdict(expand_turns(requests), records, None if base is None else base.outputs, lossy=cand.lossy,
+                       tol=cfg.tolerances, samples=raw.get("samples"),
+                       base_samples=None if base is None else base.samples, scores=raw.get("scores"),
+                       base_scores=None if base is None else base.scores, speculative=cand.method != "none",
+                       unspeculated=_unspeculated(raw), threshold=th)
+    v = judge(threshold)
+    if second_baseline and v.flip_margins:
+        v = judge(widen(threshold, list(v.flip_margins)))
     slos, missed = slo_constraints(m, cfg)
     constraints = {**dict(zip(CONSTRAINTS, v.constraints)), **slos}
     values = [m[o] for o in cfg.objectives]

@@ -179,6 +179,10 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["correct"] = v.get("passed")
         row["status"] = v.get("status", "ok" if v.get("passed") else ("failed" if v else None))  # ok, failed, unverified
         row["token_agreement"] = v.get("token_agreement")
+        # greedy outputs that differ, by first divergence (autotune.measure.nearties); absent before issue 43
+        row["outputs_differ"] = v["greedy_requests"] - v["greedy_identical"] if "greedy_requests" in v else None
+        for key in ("near_ties", "flip_faults", "flips_unscored", "near_tie_threshold", "near_tie_source"):
+            row[key] = v.get(key)
         row["verdict"] = v.get("reason")
         row["goodput"] = m.get("goodput")
         row["slo_missed"] = ", ".join(ua.get(attrs.SLO_MISSED, [])) or None

@@ -75,7 +75,8 @@ def _other_baseline(study: optuna.Study, number: int) -> int | None:
 
 def _reference(study: optuna.Study) -> Reference:
     ua = baseline_trial(study).user_attrs
-    return Reference(ua.get(attrs.OUTPUTS, []), ua.get(attrs.SAMPLES, {}), ua.get(attrs.SCORES, {}))
+    return Reference(ua.get(attrs.OUTPUTS, []), ua.get(attrs.SAMPLES, {}), ua.get(attrs.SCORES, {}),
+                     tuple(study.user_attrs.get(attrs.NUMERICS_FLOOR, ())))
 
 
 def run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload: Workload,
@@ -186,8 +187,13 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         trial.set_user_attr(attrs.FAILURE, outcome.failure + cause)
         study.tell(trial, state=TrialState.FAIL)
         return f"failed: {outcome.failure}{cause}"
-    ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference)
     of = trial.user_attrs.get(attrs.REMEASURE_OF)
+    base = baseline_trial(study)
+    second = reference is not None and of is not None and base is not None and of == base.number
+    ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference, second_baseline=second)
+    if second:  # the baseline's floor: it widens every later verdict's near-tie threshold
+        floor = [*study.user_attrs.get(attrs.NUMERICS_FLOOR, ()), *ev.verdict.flip_margins]
+        study.set_user_attr(attrs.NUMERICS_FLOOR, floor)
     if of is not None and not ev.failure:  # one record of both engine instances (autotune.measure.metrics.pool)
         ev = pooled(ev, frozen(study, of), cfg)
     trial.set_user_attr(attrs.MEASUREMENT, ev.measurement)
