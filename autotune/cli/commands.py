@@ -42,8 +42,10 @@ def serve(ctx: typer.Context,
 
     Extra arguments (--port, --host, ...) are passed to vLLM.
     """
+    from autotune.run.platform_check import check
     from autotune.serve.export import serve_argv
 
+    check()  # the installed vLLM fits this machine, or one line and exit 2
     argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(_chosen(results, "serve")["engine_kwargs"]),
             *ctx.args]
     os.execv(sys.executable, argv)  # the server becomes this process: signals reach it directly
@@ -86,7 +88,9 @@ def confirm(
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
     from autotune.serve.served import served_line
+    from autotune.run.platform_check import check
 
+    check()  # the installed vLLM fits this machine, or one line and exit 2
     results = results or _newest_results()
     folder = results.parent if results.name == "best.json" else results
     say = err if json_out else console

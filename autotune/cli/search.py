@@ -119,7 +119,7 @@ def _workload_needs(wl: Any) -> set[str]:
 
 def prepare(o: SearchOptions) -> Prepared:
     """Check every input (exit 2 on bad input) before any engine starts."""
-    from autotune.run import devices, hardware
+    from autotune.run import devices, hardware, platform_check
     from autotune.measure.config import StudyConfig
     from autotune.core.context import fit_model
     from autotune.core.kv_budget import kv_cache_bytes, most_in_flight
@@ -130,6 +130,7 @@ def prepare(o: SearchOptions) -> Prepared:
     from autotune.measure.validate import Tolerances
     from autotune.core.workload import load_workload
 
+    platform_check.check()  # the installed vLLM fits this machine, or one line and exit 2
     wl = load_workload(o.workload, format=o.format, output_len=o.output_len, turns=o.turns)
     levels = parse_levels(o.levels) if o.levels else ()
     if levels and (o.load or o.concurrency != 1):
