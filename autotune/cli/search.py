@@ -173,7 +173,13 @@ def prepare(o: SearchOptions) -> Prepared:
     if fitted.dropped:
         notes.append(f"--drop-too-long: dropped {len(fitted.dropped)} request(s) over the context of {fitted.context} "
                      f"tokens, e.g. {escape(str(fitted.dropped[0]))}; {len(fitted.workload.requests)} left")
-    return Prepared(fitted.workload, cfg, sp, platform, devices.partition(o.workers, platform), notes)
+    envs = devices.partition(o.workers, platform)
+    if platform == "cuda":  # every worker's engine fits its devices' free memory, or one line and exit 2
+        from autotune.run import gpu_memory
+
+        gpu_memory.preflight(envs, settings.gpu_memory_utilization,
+                             tensor_parallel=getattr(settings, "tensor_parallel_size", None) or 1)
+    return Prepared(fitted.workload, cfg, sp, platform, envs, notes)
 
 
 def run_search(o: SearchOptions, say: Console, *, verbose: bool = False) -> dict[str, Any]:
