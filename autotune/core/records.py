@@ -92,6 +92,7 @@ class RawRun(TypedDict):
     load: dict[str, Any]
     # how the worker and its server came to exist: "forked" (the study's launcher) or "fresh"
     started: NotRequired[dict[str, str]]
+    kv_cache_blocks: NotRequired[int | None]  # the engine's KV cache in blocks, as vLLM sized it
 
 
 # A measurement (autotune.measure.metrics.measure_run) is a flat dict: metric name -> value, with

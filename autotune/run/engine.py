@@ -19,7 +19,7 @@ from autotune.run.hardware import vllm_version
 from autotune.run.replay import (Phase, measure_windows, prompt_text,
                                   replay_requests, sampled_draws, score_greedy)
 
-from autotune.run.served_engine import (PER_POS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_speculation,  # noqa: F401
+from autotune.run.served_engine import (PER_POS, PREEMPTIONS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_speculation,  # noqa: F401
                                     token_budget)
 
 
@@ -36,7 +36,7 @@ def spec_counters() -> dict[str, Any]:
     """Current values of vLLM's speculative-decoding counters (summed over label sets)."""
     from vllm.v1.metrics.reader import Counter, Histogram, Vector, get_metrics_snapshot
 
-    out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    out: dict[str, Any] = {name: 0 for name in (*SPEC_COUNTERS, PREEMPTIONS)}
     out.update({name: 0.0 for name in TIME_SUMS})
     per_pos: list[int] = []
     for m in get_metrics_snapshot():
@@ -98,6 +98,11 @@ class InProcess:
 
     async def counters(self) -> dict[str, Any]:
         return spec_counters()
+
+    async def kv_cache_blocks(self) -> int | None:
+        """The KV cache in blocks as the engine core sized it (its handshake sets the front end's config)."""
+        blocks = getattr(getattr(getattr(self.engine, "vllm_config", None), "cache_config", None), "num_gpu_blocks", None)
+        return int(blocks) if blocks else None
 
     async def stream(self, prompt: Any, sampling: dict[str, Any], rid: str) -> Any:
         from vllm import SamplingParams
@@ -172,6 +177,7 @@ async def _run(job: Job, phase: Phase) -> RawRun:
                                  {x["id"]: x.get("prompt_tokens") for x in windows[0]["requests"]})
         scores = await score_greedy(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
         ran = engine.speculation()
+        kv_blocks = await engine.kv_cache_blocks()
     finally:
         await engine.shutdown()
     from autotune.run import launcher
@@ -182,7 +188,7 @@ async def _run(job: Job, phase: Phase) -> RawRun:
                else ("fresh" if hasattr(engine, "proc") else "none (in the worker)")}
     return {"engine_init_s": init_s, "started": started, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
-            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess")}
+            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess"), "kv_cache_blocks": kv_blocks}
 
 
 async def _trace(job: Job, phase: Phase) -> dict[str, Any]:

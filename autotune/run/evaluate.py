@@ -59,7 +59,10 @@ class Evaluation:
         m, v = self.measurement, self.verdict
         return (f"{m['output_tok_s']:.1f} ± {m['output_tok_s_mad']:.1f} tok/s, e2e p50 {m['e2e_ms_p50']:.0f} ms, "
                 + ({"ok": "correct", "unverified": f"UNVERIFIED ({v.reason})"}.get(v.status, f"INCORRECT: {v.reason}"))
-                + (f"; misses SLO {', '.join(self.slo_missed)}" if self.slo_missed else ""))
+                + (f"; misses SLO {', '.join(self.slo_missed)}" if self.slo_missed else "")
+                + (f"; PREEMPTED {m['preemptions']} request(s): the KV cache ({m.get('kv_cache_blocks') or '?'} blocks) "
+                   "ran short, so this config was measured below what it serves with room" if m.get("preemptions")
+                   else ""))
 
 
 def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: Reference | None = None) -> Job:

@@ -18,7 +18,7 @@ from autotune.study.trials import feasible, is_schedule, reference_trial, supers
 
 METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
                   "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
-                  "engine_init_s", "completed", "incomplete")
+                  "engine_init_s", "completed", "incomplete", "kv_cache_blocks", "preemptions")
 
 
 LEVEL_COLUMNS = ("output_tok_s", "windows", "noisy", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "e2e_ms_p95",
