@@ -19,7 +19,8 @@ from autotune.run.hardware import vllm_version
 from autotune.run.replay import (Phase, measure_windows, prompt_text,
                                   replay_requests, sampled_draws, score_greedy)
 
-from autotune.run.served_engine import (PER_POS, PREEMPTIONS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_speculation,  # noqa: F401
+from autotune.run.served_engine import (PER_POS, PREEMPTIONS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_cudagraphs,  # noqa: F401
+                                    resolved_speculation,
                                     token_budget)
 
 
@@ -178,6 +179,7 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         scores = await score_greedy(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
         ran = engine.speculation()
         kv_blocks = await engine.kv_cache_blocks()
+        graphs = _cudagraphs(engine)
     finally:
         await engine.shutdown()
     from autotune.run import launcher
@@ -188,7 +190,18 @@ async def _run(job: Job, phase: Phase) -> RawRun:
                else ("fresh" if hasattr(engine, "proc") else "none (in the worker)")}
     return {"engine_init_s": init_s, "started": started, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
-            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess"), "kv_cache_blocks": kv_blocks}
+            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess"), "kv_cache_blocks": kv_blocks,
+            **({"cudagraphs": graphs} if graphs else {})}
+
+
+def _cudagraphs(engine: Any) -> dict[str, Any] | None:
+    """On CUDA, the graph mode and capture sizes the engine resolved (autotune.measure.cudagraphs);
+    the CPU platform has no graphs (its mode is always NONE), so nothing is recorded there."""
+    from autotune.run import hardware
+
+    if hardware.detect() != "cuda":
+        return None
+    return resolved_cudagraphs(getattr(engine, "vllm_config", None) or getattr(engine.engine, "vllm_config", None))
 
 
 async def _trace(job: Job, phase: Phase) -> dict[str, Any]:

@@ -98,6 +98,18 @@ def kv_cache_blocks(text: str) -> int | None:
     return None
 
 
+def resolved_cudagraphs(vllm_config: Any) -> dict[str, Any] | None:
+    """The CUDA-graph mode and capture sizes of the engine's compilation config (autotune.measure.cudagraphs),
+    as the front end resolved them; None where there is none."""
+    comp = getattr(vllm_config, "compilation_config", None)
+    if comp is None:
+        return None
+    mode = getattr(comp, "cudagraph_mode", None)
+    return {"mode": getattr(mode, "name", None) or str(mode),
+            "capture_sizes": [int(s) for s in (getattr(comp, "cudagraph_capture_sizes", None) or [])],
+            "max_capture_size": getattr(comp, "max_cudagraph_capture_size", None)}
+
+
 def token_budget(vllm_config: Any) -> int | None:
     """The scheduler's tokens per step (``max_num_batched_tokens``), None where it cannot be read."""
     try:

@@ -183,6 +183,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["goodput"] = m.get("goodput")
         row["slo_missed"] = ", ".join(ua.get(attrs.SLO_MISSED, [])) or None
         row["noisy"] = m.get("noisy")
+        row["cudagraph_outside"] = " ".join(map(str, (m.get("cudagraph_decode") or {}).get("outside", []))) or None
         row["failure"] = ua.get(attrs.FAILURE) or (f"pruned: {ua[attrs.PRUNED_WHY]}" if pruned else None)
         row["wall_s"] = ua.get(attrs.WALL_S)
         row["worker"] = ua.get(attrs.WORKER)  # host:pid/thread, for studies shared by several workers
