@@ -61,7 +61,7 @@ class SearchOptions:
     max_repeats: int = 4
     slo: str | None = None
     warmup: int = 2
-    trial_timeout: float = 600
+    trial_timeout: float | None = None  # None: 600 s, and at least 3x the baseline's wall time after it
     max_model_len: int | None = None
     dtype: str | None = None
     gpu_memory_utilization: float | None = None
@@ -79,6 +79,7 @@ class SearchOptions:
     trust_remote_code: bool = False
     workers: int = 1
     json: bool = False
+    time_budget: float | None = None  # minutes (autotune.study.budget)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,10 @@ def prepare(o: SearchOptions) -> Prepared:
     settings = _settings(o, platform)
     sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
                     models=settings.available_models() | _workload_needs(wl), tags=hardware.platform_tags(platform))
+    from autotune.core.target_space import fit_to_target
+
+    sp, target_notes = fit_to_target(sp, settings.model,
+                                     tensor_parallel=getattr(settings, "tensor_parallel_size", None) or 1)
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
                        trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
     if platform == "cpu" and o.gpu_memory_utilization is None:  # KV for what the study holds, not 0.3 of RAM
@@ -159,7 +164,8 @@ def prepare(o: SearchOptions) -> Prepared:
     cfg = StudyConfig(name=name, results_dir=o.results / name, settings=settings, objectives=objectives,
                       n_trials=o.trials, storage=o.storage, load=load, extra_loads=extra_loads, repeats=o.repeats,
                       max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
-                      trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
+                      trial_timeout_s=o.trial_timeout or 600.0, timeout_from_baseline=o.trial_timeout is None,
+                      time_budget_s=o.time_budget * 60 if o.time_budget is not None else None, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
                       lossy_min_gain=o.lossy_min_gain,
                       strategy=o.strategy, remeasure=o.remeasure, pairs=o.pairs, past_edge=o.past_edge, prune=o.prune, schedule=o.schedule, launcher=o.launcher,
                       instrument=o.instrument,
@@ -167,7 +173,8 @@ def prepare(o: SearchOptions) -> Prepared:
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),
                       engine_module=ENGINE)
-    notes = [f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped]
+    notes = [f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped] + \
+        [f"  [dim]{escape(n)}[/dim]" for n in target_notes]
     if fitted.warning:
         notes.append(f"[yellow]warning:[/yellow] {escape(fitted.warning)}")
     if fitted.dropped:
