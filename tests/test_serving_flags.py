@@ -131,8 +131,12 @@ def test_search_places_workers_times_tensor_parallel_on_a_faked_gpu_host(tmp_pat
     from autotune.cli.search import SearchOptions, prepare
     from autotune.run import hardware
 
+    from autotune.run import gpu_memory
+
     monkeypatch.setattr(hardware, "detect", lambda: "cuda")  # a GPU host, faked: no GPU here
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    checked = []  # the memory preflight (NVML, tests/test_gpu_memory.py) sees each worker's devices and T
+    monkeypatch.setattr(gpu_memory, "preflight", lambda envs, util, tensor_parallel: checked.append((envs, tensor_parallel)))
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     o = SearchOptions(workload="examples/smoke.jsonl", model="fake-model", space=str(space), workers=2,
@@ -142,6 +146,7 @@ def test_search_places_workers_times_tensor_parallel_on_a_faked_gpu_host(tmp_pat
             prepare(o)
     else:
         assert prepare(o).envs == [{"CUDA_VISIBLE_DEVICES": d} for d in placed]
+        assert checked == [([{"CUDA_VISIBLE_DEVICES": d} for d in placed], 2)]
 
 
 def test_ranks_on_cpu_get_a_core_list_each(monkeypatch):

@@ -46,10 +46,12 @@ def serve(ctx: typer.Context,
 
     Extra arguments (--port, --host, ...) are passed to vLLM.
     """
+    from autotune.run.platform_check import check
     from autotune.serve.export import serve_argv
 
     from autotune.cli.edge import _chosen_report
 
+    check()  # the installed vLLM fits this machine, or one line and exit 2
     report = _chosen_report(results, "serve")
     argv = [sys.executable, "-m", "autotune.vllm_cli", "serve", *serve_argv(report["best"]["engine_kwargs"]), *ctx.args]
     env = {**(report.get("serve_env") or {}), **os.environ}  # a binding of the user's own wins, as in serve.sh
@@ -93,7 +95,9 @@ def confirm(
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
     from autotune.serve.served import served_line
+    from autotune.run.platform_check import check
 
+    check()  # the installed vLLM fits this machine, or one line and exit 2
     results = results or _newest_results()
     folder = results.parent if results.name == "best.json" else results
     say = err if json_out else console

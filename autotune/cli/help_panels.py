@@ -32,7 +32,7 @@ SEARCH_PANELS: dict[str, str] = {
     "serve_config": MODEL,
     "config": SEARCH, "space": SEARCH, "trials": SEARCH, "strategy": SEARCH, "try_": SEARCH, "resume": SEARCH,
     "warm_start": SEARCH, "workers": SEARCH, "past_edge": SEARCH, "prune": SEARCH, "schedule": SEARCH,
-    "seed": SEARCH,
+    "seed": SEARCH, "time_budget": SEARCH,
     "objectives": MEASUREMENT, "slo": MEASUREMENT, "instrument": MEASUREMENT, "repeats": MEASUREMENT,
     "max_repeats": MEASUREMENT, "warmup": MEASUREMENT, "trial_timeout": MEASUREMENT, "remeasure": MEASUREMENT,
     "pairs": MEASUREMENT,

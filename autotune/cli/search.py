@@ -61,7 +61,7 @@ class SearchOptions:
     max_repeats: int = 4
     slo: str | None = None
     warmup: int = 2
-    trial_timeout: float = 600
+    trial_timeout: float | None = None  # None: 600 s, and at least 3x the baseline's wall time after it
     max_model_len: int | None = None
     dtype: str | None = None
     gpu_memory_utilization: float | None = None
@@ -81,6 +81,7 @@ class SearchOptions:
     json: bool = False
     serve_flags: tuple[str, ...] = ()  # the user's `vllm serve` flags, after --
     serve_config: Path | None = None  # a YAML of them, as `vllm serve --config` reads it
+    time_budget: float | None = None  # minutes (autotune.study.budget)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _workload_needs(wl: Any) -> set[str]:
 
 def prepare(o: SearchOptions) -> Prepared:
     """Check every input (exit 2 on bad input) before any engine starts."""
-    from autotune.run import devices, hardware
+    from autotune.run import devices, hardware, platform_check
     from autotune.measure.config import StudyConfig
     from autotune.core.context import fit_model
     from autotune.core.kv_budget import kv_cache_bytes, most_in_flight
@@ -133,6 +134,7 @@ def prepare(o: SearchOptions) -> Prepared:
     from autotune.measure.validate import Tolerances
     from autotune.core.workload import load_workload
 
+    platform_check.check()  # the installed vLLM fits this machine, or one line and exit 2
     wl = load_workload(o.workload, format=o.format, output_len=o.output_len, turns=o.turns)
     levels = parse_levels(o.levels) if o.levels else ()
     if levels and (o.load or o.concurrency != 1):
@@ -150,8 +152,10 @@ def prepare(o: SearchOptions) -> Prepared:
     sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
                     models=settings.available_models() | _workload_needs(wl), tags=hardware.platform_tags(platform))
     from autotune.cli.serving import apply_serving_flags
+    from autotune.core.target_space import fit_to_target
 
     settings, sp, flags, flag_notes = apply_serving_flags(o, settings, sp)
+    sp, target_notes = fit_to_target(sp, settings.model, tensor_parallel=flags.tensor_parallel_size)
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
                        trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
     if platform == "cpu" and o.gpu_memory_utilization is None:  # KV for what the study holds, not 0.3 of RAM
@@ -164,7 +168,8 @@ def prepare(o: SearchOptions) -> Prepared:
     cfg = StudyConfig(name=name, results_dir=o.results / name, settings=settings, objectives=objectives,
                       n_trials=o.trials, storage=o.storage, load=load, extra_loads=extra_loads, repeats=o.repeats,
                       max_repeats=o.max_repeats, warmup=o.warmup, slos=parse_slos(o.slo),
-                      trial_timeout_s=o.trial_timeout, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
+                      trial_timeout_s=o.trial_timeout or 600.0, timeout_from_baseline=o.trial_timeout is None,
+                      time_budget_s=o.time_budget * 60 if o.time_budget is not None else None, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
                       lossy_min_gain=o.lossy_min_gain,
                       strategy=o.strategy, remeasure=o.remeasure, pairs=o.pairs, past_edge=o.past_edge, prune=o.prune, schedule=o.schedule, launcher=o.launcher,
                       instrument=o.instrument,
@@ -172,7 +177,8 @@ def prepare(o: SearchOptions) -> Prepared:
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),
                       engine_module=ENGINE)
-    notes = [*flag_notes, *(f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped)]
+    notes = [*flag_notes, *(f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped),
+             *(f"  [dim]{escape(n)}[/dim]" for n in target_notes)]
     envs, bound = devices.bind_ranks(devices.partition(o.workers, platform, flags.devices_per_engine), platform,
                                      flags.devices_per_engine)
     if bound:
@@ -182,6 +188,10 @@ def prepare(o: SearchOptions) -> Prepared:
     if fitted.dropped:
         notes.append(f"--drop-too-long: dropped {len(fitted.dropped)} request(s) over the context of {fitted.context} "
                      f"tokens, e.g. {escape(str(fitted.dropped[0]))}; {len(fitted.workload.requests)} left")
+    if platform == "cuda":  # every worker's engine fits its devices' free memory, or one line and exit 2
+        from autotune.run import gpu_memory
+
+        gpu_memory.preflight(envs, settings.gpu_memory_utilization, tensor_parallel=flags.devices_per_engine)
     # serve.sh serves the pick alone on this host: every core this process may use, split between ranks.
     serve_env = devices.bind_ranks([{}], platform, flags.devices_per_engine)[0][0] if bound else None
     return Prepared(fitted.workload, cfg, sp, platform, envs, notes, serve_env)

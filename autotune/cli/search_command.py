@@ -102,7 +102,9 @@ def search(
     slo: Annotated[Optional[str], typer.Option(help="SLOs as constraints, e.g. 'ttft_ms_p95<=500,tpot_ms_p50<=40'; "
                                                     "a config that misses one is never on the Pareto front.")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured warm-up requests per engine.")] = 2,
-    trial_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a trial is ended and failed.")] = 600,
+    trial_timeout: Annotated[Optional[float], typer.Option(
+        min=1, help="Seconds before a trial is ended and failed. Default: 600, and for trials after the baseline at "
+                    "least 3x the baseline's own wall time (an engine start at GPU scale takes minutes).")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="Passed to vLLM.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Model dtype, passed to vLLM (default: vLLM's auto; "
                                                      "float32 for the demo pair).")] = None,
@@ -150,6 +152,10 @@ def search(
     serve_config: Annotated[Optional[Path], typer.Option(
         metavar="FILE", help="Your `vllm serve` flags as YAML (as `vllm serve --config` reads it); "
                              "flags after -- win.")] = None,
+    time_budget: Annotated[Optional[float], typer.Option(
+        min=0.1, help="Minutes for the study: no new candidate once the time left cannot hold one more and the "
+                      "pick's re-measurement (costed at the median trial so far); the pick is then the best "
+                      "measured, re-measured, and what was left out is said.")] = None,
     serve_flags: Annotated[Optional[list[str]], typer.Argument(metavar="-- VLLM_SERVE_FLAGS...",
         help="Your `vllm serve` flags, e.g. -- -tp 2 --enable-prefix-caching: read by vLLM's parser, in "
              "every trial, confirm and serve.sh; a searched knob they set leaves the space.",
@@ -173,7 +179,7 @@ def search(
                          sample_tokens=sample_tokens, seed=seed, resume=resume,
                          warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
                          workers=workers, json=json_, serve_flags=tuple(serve_flags or ()),
-                         serve_config=serve_config)
+                         serve_config=serve_config, time_budget=time_budget)
     say = err if json_ else console  # --json: stdout carries the JSON only
     # With --confirm, the study's launcher (started once, 10-25 s) also forks confirm's servers
     with launcher_held() if confirm else contextlib.nullcontext():

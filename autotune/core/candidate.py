@@ -16,7 +16,8 @@ SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
              "suffix_decoding_min_token_prob", "suffix_decoding_max_cached_requests",
              "num_speculative_tokens_per_batch_size",
-             "rejection_sample_method", "draft_sample_method")
+             "rejection_sample_method", "draft_sample_method",
+             "draft_tensor_parallel_size")  # offered where the target runs tensor parallel (autotune.core.target_space)
 # vLLM's own values for the lossless verification knobs: they change only sampled requests (a greedy
 # request accepts a draft token exactly when it is the target's argmax, whichever the method), so a
 # candidate at these values is the same engine as one that leaves them out.
@@ -161,6 +162,8 @@ class Candidate:
         for key, short in (("rejection_sample_method", "verify"), ("draft_sample_method", "drafts")):
             if p.get(key, SPEC_DEFAULTS[key]) != SPEC_DEFAULTS[key]:
                 parts.append(f"{short}={p[key]}")
+        if "draft_tensor_parallel_size" in p:
+            parts.append(f"draft-tp={p['draft_tensor_parallel_size']}")
         if p.get("dtype", "default") != "default":
             parts.append(p["dtype"])
         if p.get("kv_cache_dtype", "auto") != "auto":

@@ -93,6 +93,7 @@ class RawRun(TypedDict):
     dtype: NotRequired[str]  # the dtype the engine computed in, as vLLM resolved it (in-process runs)
     # how the worker and its server came to exist: "forked" (the study's launcher) or "fresh"
     started: NotRequired[dict[str, str]]
+    kv_cache_blocks: NotRequired[int | None]  # the engine's KV cache in blocks, as vLLM sized it
 
 
 # A measurement (autotune.measure.metrics.measure_run) is a flat dict: metric name -> value, with

@@ -31,6 +31,8 @@ class StudyConfig:
     max_repeats: int = 0  # re-measure a noisy candidate up to this many windows (0: never)
     warmup: int = 2
     trial_timeout_s: float = 600.0
+    timeout_from_baseline: bool = False  # later trials' limit: at least 3x the baseline's wall time (autotune.study.budget)
+    time_budget_s: float | None = None  # --time-budget: no new candidate once the time left cannot hold it and the re-measurement
     tolerances: Tolerances = field(default_factory=Tolerances)
     seed: int = 0
     slos: tuple[SLO, ...] = ()  # constraints: a config that misses one is infeasible

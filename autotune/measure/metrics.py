@@ -151,6 +151,7 @@ def measure_run(raw: RawRun | dict[str, Any]) -> Measurement:
     counters = _sum_counters(raw["windows"])
     m.update(acceptance(counters))
     m["spec_accepted_per_pos"] = list(counters.get("vllm:spec_decode_num_accepted_tokens_per_pos", []))
+    m.update(kv_pressure(raw))
     return m
 
 
@@ -159,6 +160,19 @@ def started_of(raw: dict[str, Any]) -> str | None:
     a served trial's is its `vllm serve`'s, an in-process one's the worker's (autotune.run.engine)."""
     s = raw.get("started") or {}
     return s.get("server") if s.get("server") in ("forked", "fresh") else s.get("worker")
+
+
+PREEMPTIONS = "vllm:num_preemptions"  # autotune.run.served_engine.PREEMPTIONS (run/ is a floor above)
+
+
+def kv_pressure(raw: RawRun | dict[str, Any]) -> dict[str, Any]:
+    """The engine's KV cache in blocks and the requests vLLM preempted in every measured window (every
+    load level): a preempted request gave its KV blocks back and is recomputed, so a trial measured so
+    ran short of KV cache (speculation's drafts take KV room too) and is slower than one with room.
+    None where the engine did not say (an older record, the fake engine)."""
+    windows = list(raw["windows"]) + [w for ws in (raw.get("levels") or {}).values() for w in ws]
+    counts = [w["spec_counters"][PREEMPTIONS] for w in windows if PREEMPTIONS in (w.get("spec_counters") or {})]
+    return {"kv_cache_blocks": raw.get("kv_cache_blocks"), "preemptions": int(sum(counts)) if counts else None}
 
 
 def _mad(arr: np.ndarray) -> float:
@@ -197,6 +211,9 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
     # warm-up (its trial's row in trials.csv), not the first instance's.
     m["engine_init_s"], m["warmup_s"] = again.get("engine_init_s"), again.get("warmup_s")
     m["started"] = again.get("started")
+    if first.get("preemptions") is not None or again.get("preemptions") is not None:  # every instance's windows
+        m["preemptions"] = (first.get("preemptions") or 0) + (again.get("preemptions") or 0)
+    m["kv_cache_blocks"] = again.get("kv_cache_blocks", first.get("kv_cache_blocks"))
     m["output_tok_s_instances"] = instances_of(first) + instances_of(again)
     m["instances"] = len(m["output_tok_s_instances"])
     a, b = first.get("output_tok_s_windows"), again.get("output_tok_s_windows")

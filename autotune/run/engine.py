@@ -20,7 +20,8 @@ from autotune.run.hardware import vllm_version
 from autotune.run.replay import (Phase, measure_windows, prompt_text,
                                   replay_requests, sampled_draws, score_greedy)
 
-from autotune.run.served_engine import (PER_POS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_speculation,  # noqa: F401
+from autotune.run.served_engine import (PER_POS, PREEMPTIONS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_cudagraphs,  # noqa: F401
+                                    resolved_speculation,
                                     token_budget)
 
 
@@ -37,7 +38,7 @@ def spec_counters() -> dict[str, Any]:
     """Current values of vLLM's speculative-decoding counters (summed over label sets)."""
     from vllm.v1.metrics.reader import Counter, Histogram, Vector, get_metrics_snapshot
 
-    out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    out: dict[str, Any] = {name: 0 for name in (*SPEC_COUNTERS, PREEMPTIONS)}
     out.update({name: 0.0 for name in TIME_SUMS})
     per_pos: list[int] = []
     for m in get_metrics_snapshot():
@@ -98,6 +99,11 @@ class InProcess:
 
     async def counters(self) -> dict[str, Any]:
         return spec_counters()
+
+    async def kv_cache_blocks(self) -> int | None:
+        """The KV cache in blocks as the engine core sized it (its handshake sets the front end's config)."""
+        blocks = getattr(getattr(getattr(self.engine, "vllm_config", None), "cache_config", None), "num_gpu_blocks", None)
+        return int(blocks) if blocks else None
 
     async def stream(self, prompt: Any, sampling: dict[str, Any], rid: str) -> Any:
         from vllm import SamplingParams
@@ -178,6 +184,8 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         scores = await score_greedy(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
         ran = engine.speculation()
         dtype = engine.dtype() if hasattr(engine, "dtype") else None  # the served instrument does not say
+        kv_blocks = await engine.kv_cache_blocks()
+        graphs = _cudagraphs(engine)
     finally:
         await engine.shutdown()
     from autotune.run import launcher
@@ -188,8 +196,18 @@ async def _run(job: Job, phase: Phase) -> RawRun:
                else ("fresh" if hasattr(engine, "proc") else "none (in the worker)")}
     return {"engine_init_s": init_s, "started": started, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
-            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess"),
-            **({"dtype": dtype} if dtype else {})}
+            "speculative_config": ran, "instrument": replay.get("instrument", "inprocess"), "kv_cache_blocks": kv_blocks,
+            **({"dtype": dtype} if dtype else {}), **({"cudagraphs": graphs} if graphs else {})}
+
+
+def _cudagraphs(engine: Any) -> dict[str, Any] | None:
+    """On CUDA, the graph mode and capture sizes the engine resolved (autotune.measure.cudagraphs);
+    the CPU platform has no graphs (its mode is always NONE), so nothing is recorded there."""
+    from autotune.run import hardware
+
+    if hardware.detect() != "cuda":
+        return None
+    return resolved_cudagraphs(getattr(engine, "vllm_config", None) or getattr(engine.engine, "vllm_config", None))
 
 
 async def _trace(job: Job, phase: Phase) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from autotune.core.records import Job, JobRequest, Measurement, RawRun
 from autotune.measure.slo import goodput
 from autotune.measure.nearties import Threshold, dtype_threshold, run_dtype, widen
 from autotune.measure.validate import Unspeculated, Verdict, verdict
+from autotune.measure.cudagraphs import coverage_line
 from autotune.run.worker import OnEvent, TrialOutcome, run_trial
 from autotune.core.workload import UNCATEGORIZED, Workload, expand_turns
 
@@ -63,7 +64,11 @@ class Evaluation:
         m, v = self.measurement, self.verdict
         return (f"{m['output_tok_s']:.1f} ± {m['output_tok_s_mad']:.1f} tok/s, e2e p50 {m['e2e_ms_p50']:.0f} ms, "
                 + ({"ok": "correct", "unverified": f"UNVERIFIED ({v.reason})"}.get(v.status, f"INCORRECT: {v.reason}"))
-                + (f"; misses SLO {', '.join(self.slo_missed)}" if self.slo_missed else ""))
+                + (f"; misses SLO {', '.join(self.slo_missed)}" if self.slo_missed else "")
+                + (f"; PREEMPTED {m['preemptions']} request(s): the KV cache ({m.get('kv_cache_blocks') or '?'} blocks) "
+                   "ran short, so this config was measured below what it serves with room" if m.get("preemptions")
+                   else "")
+                + (f"; {graphs}" if (graphs := coverage_line(m.get("cudagraph_decode") or {})) else ""))
 
 
 def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: Reference | None = None) -> Job:
@@ -114,6 +119,12 @@ def measure(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Study
     m["goodput_windows"] = [goodput(w["requests"], cfg.slos) for w in raw["windows"]]
     m["goodput"] = min(m["goodput_windows"])  # the worst window: an SLO must hold in every replay
     m["remeasured_windows"] = max(0, m["windows"] - cfg.repeats)
+    if raw.get("cudagraphs"):  # on CUDA: did decode at the study's batch sizes x (k+1) run under graphs
+        from autotune.measure.cudagraphs import decode_coverage
+
+        spec = cand.engine_kwargs(cfg.settings).get("speculative_config") or {}
+        batches = [x.concurrency for x in (cfg.load, *cfg.extra_loads) if x.kind in ("concurrency", "ramp")]
+        m["cudagraph_decode"] = decode_coverage(raw["cudagraphs"], int(spec.get("num_speculative_tokens") or 0), batches)
     for level in cfg.extra_loads:
         at = measure_run({"windows": raw["levels"][level.label]})
         m.update(at_level(at, level.label))

@@ -14,14 +14,14 @@ from typing import Any
 
 from autotune.core.workload import chat_text, first_prompt, turn_id
 
-from autotune.run.served_engine import PER_POS, SPEC_COUNTERS, TIME_SUMS
+from autotune.run.served_engine import PER_POS, PREEMPTIONS, SPEC_COUNTERS, TIME_SUMS
 
 Phase = Callable[[str, dict[str, Any]], None]
 
 
 def diff_counters(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
-    for k in TIME_SUMS:
+    for k in (*TIME_SUMS, PREEMPTIONS):
         if k in before and k in after:
             d[k] = after[k] - before[k]
     b = before[PER_POS] + [0] * (len(after[PER_POS]) - len(before[PER_POS]))

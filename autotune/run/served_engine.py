@@ -43,6 +43,10 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 # prefill share of a window without the client's view, which merges chunks when the API process
 # falls behind (then TTFT reads as the whole request).
 TIME_SUMS = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds")
+# Requests the scheduler preempted (KV cache ran short: their blocks freed, recomputed later), and the
+# metric whose labels carry the cache config as the engine resolved it (num_gpu_blocks: KV blocks).
+PREEMPTIONS = "vllm:num_preemptions"
+CACHE_INFO = "vllm:cache_config_info"
 
 
 @dataclass
@@ -62,7 +66,7 @@ def parse_counters(text: str) -> dict[str, Any]:
     the per-position vector ordered by its ``position`` label)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    out: dict[str, Any] = {name: 0 for name in (*SPEC_COUNTERS, PREEMPTIONS)}
     sums: dict[str, float] = {name: 0.0 for name in TIME_SUMS}
     per_pos: dict[int, float] = {}
     for fam in text_string_to_metric_families(text):
@@ -81,6 +85,29 @@ def parse_counters(text: str) -> dict[str, Any]:
     out[PER_POS] = [int(per_pos[p]) for p in sorted(per_pos)]
     out.update(sums)
     return out
+
+
+def kv_cache_blocks(text: str) -> int | None:
+    """The engine's KV cache in blocks, from a ``/metrics`` page's cache config (None where absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == CACHE_INFO and str(s.labels.get("num_gpu_blocks", "")).isdigit():
+                return int(s.labels["num_gpu_blocks"])
+    return None
+
+
+def resolved_cudagraphs(vllm_config: Any) -> dict[str, Any] | None:
+    """The CUDA-graph mode and capture sizes of the engine's compilation config (autotune.measure.cudagraphs),
+    as the front end resolved them; None where there is none."""
+    comp = getattr(vllm_config, "compilation_config", None)
+    if comp is None:
+        return None
+    mode = getattr(comp, "cudagraph_mode", None)
+    return {"mode": getattr(mode, "name", None) or str(mode),
+            "capture_sizes": [int(s) for s in (getattr(comp, "cudagraph_capture_sizes", None) or [])],
+            "max_capture_size": getattr(comp, "max_cudagraph_capture_size", None)}
 
 
 def token_budget(vllm_config: Any) -> int | None:
@@ -213,6 +240,10 @@ class ServedEngine:
     async def counters(self) -> dict[str, Any]:
         async with self._session.get(f"{self.base_url}/metrics") as r:
             return parse_counters(await r.text())
+
+    async def kv_cache_blocks(self) -> int | None:
+        async with self._session.get(f"{self.base_url}/metrics") as r:
+            return kv_cache_blocks(await r.text())
 
     async def stream(self, prompt: str | list[int], sampling: dict[str, Any], rid: str) -> AsyncIterator[Delta]:
         """One request streamed from /v1/completions: a Delta per chunk, the last one finished."""

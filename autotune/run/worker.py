@@ -123,8 +123,10 @@ def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent
     for p in (result_path, events_path, workdir / SERVER_PGID):
         p.unlink(missing_ok=True)
     job_path.write_text(json.dumps(job))
-    t0 = time.monotonic()
     log_path.write_text("")
+    if (why := _gpu_memory_released(job, env)) is not None:  # never start an engine vLLM would refuse
+        return TrialOutcome(None, why, 0.0, str(log_path), 0)
+    t0 = time.monotonic()
     # forked by the study's launcher when one runs (vLLM already imported), else a fresh Popen
     proc = launch([python, "-m", WORKER, str(job_path), str(result_path), str(events_path)],
                   env={**os.environ, **(env or {})}, log_path=log_path)
@@ -154,6 +156,19 @@ def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent
     if failure is None:
         failure = f"worker crashed ({describe_exit(proc)}): {_tail(log_path)}"
     return TrialOutcome(None, failure, wall, str(log_path), proc.pid)
+
+
+def _gpu_memory_released(job: Job, env: dict[str, str] | None) -> str | None:
+    """On a GPU, wait (autotune.run.gpu_memory) until the devices this job's engine uses have the
+    memory it asks for: the previous trial's engine may still be giving it back. Why not, or None."""
+    from autotune.run import gpu_memory, hardware
+
+    if hardware.detect() != "cuda":
+        return None
+    kw = job["engine_kwargs"]
+    return gpu_memory.wait_released(env, kw.get("gpu_memory_utilization"),
+                                    tensor_parallel=int(kw.get("tensor_parallel_size") or 1),
+                                    timeout_s=gpu_memory.RELEASE_TIMEOUT_S)
 
 
 def _end_server(workdir: Path) -> None:

@@ -31,6 +31,7 @@ from autotune.study.strategy import ensure_eagle3_trace, needs_trace, plan, trac
 from autotune.study.storage import dead_here, has_heartbeat, worker_id
 from autotune.core.workload import Workload
 from autotune.run import launcher
+from autotune.study import budget
 
 from autotune.study.opening import describe, open_study, queue_first
 from autotune.study.record import duplicate_of, frozen, mark_interrupted, run_one
@@ -92,25 +93,26 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
                        "pass --resume to continue it (or to join its workers) or choose another --study name")
     describe(study, cfg, workload, space)
     queue_first(study, space, enqueue, deployed)
+    clock = budget.Clock(cfg.time_budget_s)  # --time-budget counts from here
     # vLLM imported once for every trial's worker and server; it preloads the real engine's imports,
     # so a study of another engine module (the tests' fake one) is not worth its start
     with launcher.active(cfg.launcher and cfg.engine_module == launcher.REAL_ENGINE):
         if len(worker_envs) == 1:
-            _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None)
+            _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None, clock=clock)
         else:
-            _threads(study, cfg, workload, space, progress, worker_envs)
+            _threads(study, cfg, workload, space, progress, worker_envs, clock)
     return study
 
 
 def _threads(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
-             worker_envs: list[dict[str, str]]) -> None:
+             worker_envs: list[dict[str, str]], clock: budget.Clock) -> None:
     """One worker thread per device environment, until the budget is used or Ctrl-C."""
     stop, errors = threading.Event(), []
     done = [threading.Event() for _ in worker_envs]
 
     def work(i: int) -> None:
         try:
-            _work(study, cfg, workload, space, progress, env=worker_envs[i], thread=i, stop=stop)
+            _work(study, cfg, workload, space, progress, env=worker_envs[i], thread=i, stop=stop, clock=clock)
         except KeyboardInterrupt:
             pass  # stop was set: the trial in hand is marked interrupted
         except BaseException as e:  # a failed baseline ends every worker, as it ends a single one
@@ -136,9 +138,10 @@ def _threads(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: S
 
 
 def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
-          *, env: dict[str, str], thread: int, stop: threading.Event | None) -> None:
-    """One worker: ask, measure, tell, until the study's budget is used (by every worker together)."""
+          *, env: dict[str, str], thread: int, stop: threading.Event | None, clock: budget.Clock) -> None:
+    """One worker: ask, measure, tell, until the study's budget (trials, or time) is used (by every worker together)."""
     asks = duplicates = 0
+    timed_out = ""  # the line that said the time budget ended the search, once said
     # Each duplicate costs an ask, not a measurement; a small space can run out of new configs.
     while asks < 4 * cfg.n_trials + 4:
         if stop is not None and stop.is_set():
@@ -148,9 +151,14 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         running = _running(study)
         spent = len(finished(study)) + len([t for t in running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]) \
             >= cfg.n_trials
+        if not spent and not timed_out and budget.out_of_time(study, cfg, clock):
+            timed_out = budget.left_out_line(study, cfg, clock)
+            study.set_user_attr(attrs.STOPPED, timed_out)
+            progress.note(timed_out)
+        spent = spent or bool(timed_out)
         # The budget is used: configs still queued are left out (each asked, then told why) before a depth
         # schedule and the fresh-engine re-measurements, which come on top of it, are queued behind them.
-        if spent and not _queued_in_budget(study) and not extra_work(study, space, cfg):
+        if spent and not _queued_in_budget(study) and not _extra(study, space, cfg, clock):
             return
         base = baseline_trial(study)
         if base is None and any(t.user_attrs.get(attrs.ROLE) == BASELINE for t in running):
@@ -165,7 +173,7 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             step = plan(study, space, cfg.strategy, cfg.settings.max_model_len, past_edge=cfg.past_edge)
             if step.stop:
                 study.set_user_attr(attrs.STOPPED, step.why)
-                if extra_work(study, space, cfg):
+                if _extra(study, space, cfg, clock):
                     continue
                 return
             if step.params is not None:
@@ -189,7 +197,7 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             cand = Candidate({**cand.params, **trial.user_attrs[attrs.PAST_EDGE]})
         trial.set_user_attr(attrs.CANDIDATE, cand.params)
         trial.set_user_attr(attrs.LABEL, cand.label)
-        if spent and _leave_out(study, trial, cand, cfg, progress):
+        if spent and _leave_out(study, trial, cand, cfg, progress, timed_out=bool(timed_out)):
             asks -= 1  # the queue is finite: leaving a config out asks the sampler nothing
             continue
         dup = None if attrs.role(trial) == attrs.REMEASURE else duplicate_of(study, cand, trial.number, is_base)
@@ -210,6 +218,11 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
     progress.note(f"stopped: {why}")
 
 
+def _extra(study: optuna.Study, space: SearchSpace, cfg: StudyConfig, clock: budget.Clock) -> bool:
+    """Queue work on top of the trials (autotune.study.remeasure.extra_work) while --time-budget allows it."""
+    return budget.extra_allowed(study, cfg, clock) and extra_work(study, space, cfg)
+
+
 def _queued_in_budget(study: optuna.Study) -> bool:
     """Configs waiting in the queue that would use the --trials budget (not a schedule's, not a re-measurement)."""
     return any(attrs.role(t) not in attrs.OUTSIDE_BUDGET
@@ -217,7 +230,7 @@ def _queued_in_budget(study: optuna.Study) -> bool:
 
 
 def _leave_out(study: optuna.Study, trial: optuna.Trial, cand: Candidate, cfg: StudyConfig,
-               progress: Progress) -> bool:
+               progress: Progress, *, timed_out: bool = False) -> bool:
     """A config from the queue (--try, a warm start, a plan) asked after the budget was used: told
     as not measured, with one line saying so, so that what comes on top of the budget (the
     fresh-engine re-measurements) is not starved behind it. False for anything else."""
@@ -225,8 +238,9 @@ def _leave_out(study: optuna.Study, trial: optuna.Trial, cand: Candidate, cfg: S
     if role in (BASELINE, attrs.EXTRA_BASELINE, *attrs.OUTSIDE_BUDGET) or \
             not frozen(study, trial.number).system_attrs.get("fixed_params"):
         return False
-    why = (f"left out: {cand.label} (queued, but the --trials budget of {cfg.n_trials} is used; "
-           "--resume with a larger --trials measures it)")
+    used = "the --time-budget is used; --resume with a larger --time-budget" if timed_out else \
+        f"the --trials budget of {cfg.n_trials} is used; --resume with a larger --trials"
+    why = f"left out: {cand.label} (queued, but {used} measures it)"
     trial.set_user_attr(attrs.LEFT_OUT, why)
     study.tell(trial, state=TrialState.PRUNED)
     progress.note(why)

@@ -18,7 +18,7 @@ from autotune.study.trials import feasible, is_schedule, reference_trial, supers
 
 METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
                   "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
-                  "engine_init_s", "completed", "incomplete")
+                  "engine_init_s", "completed", "incomplete", "kv_cache_blocks", "preemptions")
 
 
 LEVEL_COLUMNS = ("output_tok_s", "windows", "noisy", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "e2e_ms_p95",
@@ -187,6 +187,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row["goodput"] = m.get("goodput")
         row["slo_missed"] = ", ".join(ua.get(attrs.SLO_MISSED, [])) or None
         row["noisy"] = m.get("noisy")
+        row["cudagraph_outside"] = " ".join(map(str, (m.get("cudagraph_decode") or {}).get("outside", []))) or None
         row["failure"] = ua.get(attrs.FAILURE) or (f"pruned: {ua[attrs.PRUNED_WHY]}" if pruned else None)
         row["wall_s"] = ua.get(attrs.WALL_S)
         row["worker"] = ua.get(attrs.WORKER)  # host:pid/thread, for studies shared by several workers

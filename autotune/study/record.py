@@ -23,6 +23,7 @@ from autotune.core.space import SearchSpace
 from autotune.study.trials import SCHEDULE_KEY, baseline_trial, counts, trial_dir
 from autotune.study.strategy import forecast_for
 from autotune.run.worker import PRUNED, TrialOutcome, explain, run_trial
+from autotune.study.budget import trial_timeout
 from autotune.core.workload import Workload
 
 
@@ -105,7 +106,7 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload:
     try:
         # Heartbeats (RDB storages) tell other workers this trial is alive; Optuna's own thread does it.
         with heartbeat(study, trial):
-            outcome = run_trial(job, trial_dir(cfg.results_dir, n), timeout_s=cfg.trial_timeout_s, env=env,
+            outcome = run_trial(job, trial_dir(cfg.results_dir, n), timeout_s=trial_timeout(study, cfg), env=env,
                                 stop=stop, on_event=on_event, prune=prune)
     except KeyboardInterrupt:
         mark_interrupted(study, trial, "interrupted by the user")  # --resume measures it again

@@ -1,0 +1,73 @@
+"""Build VllmConfigs as on a CUDA machine (capability 9.0), with no GPU: run as a subprocess by
+tests/test_gpu_space_cuda.py, so the patched platform never leaks into another test.
+
+The CPU build of vLLM lacks the CUDA build's compiled ops (``vllm._C_stable_libtorch``, imported by
+``vllm/platforms/cuda.py``): an empty module stands in, which is enough for config code (no kernel
+runs). The platform's device queries are answered as an H100's would be. Input: a JSON file of
+engine keyword arguments; output (stdout, last line): one JSON record each.
+"""
+
+import copy
+import json
+import sys
+import types
+
+sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
+
+import vllm.config.speculative as speculative  # noqa: E402
+import vllm.platforms as platforms  # noqa: E402
+from vllm.platforms.cuda import CudaPlatform  # noqa: E402
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+
+
+class FakeHopper(CudaPlatform):
+    """The CUDA platform with its device queries faked (capability 9.0, 80 GiB, one device)."""
+
+    @classmethod
+    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
+        return DeviceCapability(9, 0)
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "NVIDIA H100 80GB HBM3 (faked)"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return 80 * 2**30
+
+    @classmethod
+    def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
+        return True
+
+    @classmethod
+    def device_count(cls) -> int:
+        return 1
+
+
+def main(path: str) -> None:
+    platforms._current_platform = FakeHopper()
+    speculative.has_arctic_inference = lambda: True  # suffix: its config values are what is checked
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    out = []
+    for kw in json.loads(open(path).read()):
+        rec: dict = {}
+        try:
+            vc = AsyncEngineArgs(**kw).create_engine_config()
+            cc = vc.compilation_config
+            rec = {"platform": type(platforms.current_platform).__name__, "device": str(vc.device_config.device),
+                   "mode": cc.cudagraph_mode.name, "sizes": list(cc.cudagraph_capture_sizes or []),
+                   "max": cc.max_cudagraph_capture_size,
+                   "k": vc.speculative_config.num_speculative_tokens if vc.speculative_config else 0}
+            if rec["k"] and cc.cudagraph_mode.decode_mode().name == "FULL":  # what the GPU worker does next
+                again = copy.deepcopy(cc)
+                again.adjust_cudagraph_sizes_for_spec_decode(rec["k"] + 1)
+                rec["spec_sizes"] = list(again.cudagraph_capture_sizes)
+        except Exception as e:  # noqa: BLE001 - each refusal is a record
+            rec = {"error": f"{type(e).__name__}: " + " | ".join(str(e).splitlines()[:3])[:400]}
+        out.append(rec)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,88 @@
+"""--time-budget and trial timeouts sized from the baseline (autotune.study.budget), on the FAKE engine."""
+
+import csv
+import json
+import statistics
+import time
+from types import SimpleNamespace
+
+from typer.testing import CliRunner
+
+from autotune.cli.app import app
+from autotune.core import attrs
+from autotune.study import budget
+
+SPACE = """name: budget
+baseline: {method: none, kv_cache_dtype: auto}
+params:
+  method: {choices: [none, ngram]}
+  num_speculative_tokens: {int: [1, 24], when: {method: [ngram]}}
+  kv_cache_dtype: {choices: [auto]}
+"""
+
+
+def test_the_study_ends_within_its_time_budget_with_a_re_measured_pick(tmp_path, monkeypatch, fake_engine_env):
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
+    monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "3")  # each fake trial takes >= 3 s
+    monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    (tmp_path / "space.yaml").write_text(SPACE)
+    minutes, trials = 0.6, 20  # 20 trials of >= 3 s never fit in 36 s; a loaded machine still fits a pick and its re-measure
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--model", "fake-model", "--results",
+                                 str(tmp_path / "res"), "--samples", "0", "--repeats", "1", "--space",
+                                 str(tmp_path / "space.yaml"), "--trials", str(trials), "--strategy", "grid",
+                                 "--time-budget", str(minutes), "--pairs", "1"])
+    took = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(open(tmp_path / "res" / "smoke" / "trials.csv")))
+    walls = [float(x["wall_s"]) for x in rows if x["wall_s"]]
+    in_budget = [x for x in rows if x["role"] in ("baseline", "candidate")]
+    assert len(in_budget) < trials, "the time budget cut nothing"
+    # Ends within the budget, give or take a trial: a trial's cost is an estimate (the median so far),
+    # and writing the results (report, tables) comes after the study.
+    assert took <= minutes * 60 + 2 * statistics.median(walls), (took, walls)
+    report = json.loads((tmp_path / "res" / "smoke" / "best.json").read_text())
+    assert report["best"] and report["remeasured"], "no re-measured pick"
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("time budget:"))
+    assert f"of the {trials} --trials measured, {trials - len(in_budget)} left out" in line
+    assert report["strategy"]["stopped"] == line
+
+
+def _study(*trials):
+    return SimpleNamespace(get_trials=lambda deepcopy=False, states=None: [
+        t for t in trials if states is None or t.state in states])
+
+
+def _trial(role, wall, state="COMPLETE"):
+    from optuna.trial import TrialState
+
+    return SimpleNamespace(state=getattr(TrialState, state), user_attrs={attrs.ROLE: role, attrs.WALL_S: wall},
+                           datetime_complete=None)
+
+
+def test_trial_timeouts_are_sized_from_the_baselines_own_wall_time(monkeypatch):
+    cfg = SimpleNamespace(trial_timeout_s=600.0, timeout_from_baseline=True)
+    base = _trial(attrs.BASELINE, 400.0)
+    monkeypatch.setattr(budget, "baseline_trial", lambda study: base)
+    assert budget.trial_timeout(_study(base), cfg) == 1200.0  # an 8B model's start: minutes
+    base.user_attrs[attrs.WALL_S] = 30.0
+    assert budget.trial_timeout(_study(base), cfg) == 600.0  # never below the default
+    cfg.timeout_from_baseline = False  # --trial-timeout given: as given
+    base.user_attrs[attrs.WALL_S] = 400.0
+    assert budget.trial_timeout(_study(base), cfg) == 600.0
+    monkeypatch.setattr(budget, "baseline_trial", lambda study: None)
+    cfg.timeout_from_baseline = True
+    assert budget.trial_timeout(_study(), cfg) == 600.0  # the baseline itself
+
+
+def test_out_of_time_keeps_room_for_one_trial_and_the_re_measurement(monkeypatch):
+    cfg = SimpleNamespace(remeasure=True)
+    clock = budget.Clock(100.0, start=0.0)  # trials from before this run: their worker wall time is the cost
+    study = _study(_trial(attrs.BASELINE, 10.0), _trial(None, 10.0))
+    monkeypatch.setattr(budget.time, "monotonic", lambda: 69.0)
+    assert not budget.out_of_time(study, cfg, clock)  # 69 + 10 x (1 + 2) = 99 <= 100
+    monkeypatch.setattr(budget.time, "monotonic", lambda: 71.0)
+    assert budget.out_of_time(study, cfg, clock)
+    assert not budget.out_of_time(study, cfg, budget.Clock(None, start=0.0))  # no budget: never
+    assert budget.extra_allowed(study, cfg, clock)  # the first re-measurement round always runs
