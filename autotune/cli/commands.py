@@ -168,12 +168,16 @@ def watch(
                                      envvar="AUTOTUNE_WATCH_URL")],
     interval: Annotated[str, typer.Option(help="Window length: seconds between scrapes (60, 60s, 2m).")] = "60",
     once: Annotated[bool, typer.Option("--once", help="One window (two scrapes an interval apart), then exit: "
-                                                      "0 ok or idle, 5 drift (for cron or CI).")] = False,
+                                                      "0 ok or idle, 5 drift, no drafts or no band, 6 "
+                                                      "unreachable (for cron or CI).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object a window instead of a line.")] = False,
     profile: Annotated[Optional[Path], typer.Option(help="Write each busy window's per-position acceptance "
                                                          "counts to this JSON file (an acceptance profile).")] = None,
     storage: Annotated[Optional[str], typer.Option(help="The study's Optuna storage URL. Default: RESULTS/study.db.",
                                                    envvar="AUTOTUNE_STORAGE")] = None,
+    retry_s: Annotated[float, typer.Option("--retry-s", help="Seconds to keep retrying a server that does not "
+                                                             "answer (refused, timed out, HTTP 5xx) before exit 6.",
+                                           min=0)] = 60.0,
 ) -> None:
     """Compare a live vLLM server's speculative decoding with what the study measured for the deployed
     config: acceptance by position, mean accepted length, tokens per step, requests in flight.
@@ -188,7 +192,7 @@ def watch(
     deployed = load_deployed(results, storage=storage)
     try:
         code = run_watch(deployed, url, interval_s=seconds, once=once, as_json=json_out, profile=profile,
-                         say=lambda line: print(line, flush=True))  # a line a window, as it comes (tail, cron)
+                         retry_s=retry_s, say=lambda line: print(line, flush=True))  # a line a window, as it comes (tail, cron)
     except KeyboardInterrupt:
         raise typer.Exit(errors.INTERRUPTED) from None
     raise typer.Exit(code)
