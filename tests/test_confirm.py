@@ -62,6 +62,13 @@ FAKE = textwrap.dedent('''\
                 self.send_response(200 if self.path in ("/health", "/fake/speed") else 404)
                 self.end_headers()
                 self.wfile.write(body)
+            def do_POST(self):  # /v1/completions: only autotune's warm-up reaches the fake server
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with open(os.environ["FAKE_PROMPTS"], "a") as f:
+                    f.write(json.dumps({"port": opt("--port"), "prompt": body["prompt"]}) + "\\n")
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(json.dumps({"choices": [{"text": "x"}]}).encode())
             def log_message(self, *a):
                 pass
         http.server.HTTPServer((opt("--host"), int(opt("--port"))), H).serve_forever()
@@ -69,6 +76,9 @@ FAKE = textwrap.dedent('''\
         if os.environ.get("AUTOTUNE_WAIT_FOR"):  # as the real client does (autotune.vllm_cli.main)
             from autotune.vllm_cli import wait_for
             wait_for(os.environ["AUTOTUNE_WAIT_FOR"], float(os.environ["AUTOTUNE_WAIT_FOR_S"]))
+        if os.environ.get("AUTOTUNE_WARMUP"):  # as the real client does (autotune.vllm_cli.main)
+            from autotune.serve.warmup import warm_up
+            warm_up(opt("--base-url"), opt("--model"), os.environ["AUTOTUNE_WARMUP"])
         with urllib.request.urlopen(opt("--base-url") + "/fake/speed") as r:
             tok_s = json.load(r)["tok_s"]
         n = int(opt("--num-prompts"))
@@ -121,7 +131,8 @@ def fake(tmp_path, monkeypatch):
     exe = tmp_path / "fake_python"
     exe.write_text(f"#!{sys.executable}\n" + FAKE)
     exe.chmod(0o755)
-    calls, pids = tmp_path / "calls.jsonl", tmp_path / "pids.txt"
+    calls, pids, prompts = tmp_path / "calls.jsonl", tmp_path / "pids.txt", tmp_path / "prompts.jsonl"
+    monkeypatch.setenv("FAKE_PROMPTS", str(prompts))
     monkeypatch.setenv("FAKE_CALLS", str(calls))
     monkeypatch.setenv("FAKE_PIDS", str(pids))
 
@@ -135,6 +146,11 @@ def fake(tmp_path, monkeypatch):
         @classmethod
         def calls(cls) -> list[list[str]]:
             return [r["argv"] for r in cls.records()]
+
+        @staticmethod
+        def prompts() -> list[dict]:
+            """What reached the servers' /v1/completions (port, prompt), in order."""
+            return [json.loads(x) for x in prompts.read_text().splitlines()] if prompts.exists() else []
 
         @staticmethod
         def pids() -> list[int]:
@@ -170,7 +186,9 @@ def test_client_plan_keeps_each_requests_max_tokens_and_renders_chat():
     assert f[f.index("--custom-output-len") + 1] == "-1" and "--skip-chat-template" in f
     assert f[f.index("--dataset-name") + 1] == "custom" and "--disable-shuffle" in f
     assert f[f.index("--max-concurrency") + 1] == "1" and f[f.index("--request-rate") + 1] == "inf"
-    assert f[f.index("--num-prompts") + 1] == "2" and f[f.index("--num-warmups") + 1] == "2"
+    # vLLM's client never warms (it would warm on the first measured request): autotune's warm-up does
+    assert f[f.index("--num-prompts") + 1] == "2" and f[f.index("--num-warmups") + 1] == "0"
+    assert f[f.index("--ready-check-timeout-sec") + 1] == "0" and plan.warmup["n"] == 2
     assert f[f.index("--temperature") + 1] == "0" and "--ignore-eos" not in f
     assert plan.notes == []
 
@@ -315,6 +333,32 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     c.confirm(d, rounds=1, warmups=0, python=fake.python, launcher=False)
     assert load_report(d)["best"]["served"]["rounds"] == 1
     assert (d / "report.md").read_text().count(c.SECTION) == 1
+
+
+def test_confirm_warms_each_server_outside_the_measured_set(tmp_path, fake):
+    """`vllm bench serve` warmed on (and ready-checked with) input_requests[0], a measured request:
+    a suffix pick had its answer cached before measuring it. Each server is warmed on a prompt that
+    is no measured one and shares no first character with any (no prefix-cache block in common),
+    and the client sends nothing before its measured run."""
+    d = write_results(tmp_path / "study")
+    served = c.confirm(d, rounds=2, warmups=3, python=fake.python, launcher=False)
+    measured = [json.loads(x)["prompt"] for x in (d / "confirm" / "workload.jsonl").read_text().splitlines()]
+    sent = fake.prompts()
+    ports = [x[x.index("--port") + 1] for x in fake.calls() if x[0] == "serve"]
+    assert [p["port"] for p in sent] == [port for port in ports for _ in range(3)]  # 3 warm-ups per server
+    assert all(p["prompt"] not in measured and p["prompt"][0] not in {m[0] for m in measured} for p in sent)
+    benches = [x for x in fake.calls() if x[:2] == ["bench", "serve"]]
+    assert all(b[b.index("--num-warmups") + 1] == "0" and b[b.index("--ready-check-timeout-sec") + 1] == "0"
+               for b in benches)
+    assert served["warmups"] == 3
+
+
+def test_the_warmup_prompt_shares_no_first_character_with_any_measured_prompt():
+    from autotune.serve.warmup import warmup_prompt
+
+    assert warmup_prompt(["~x", "#y", "hello"])[0] == "@"
+    taken = [ch + " text" for ch in "~#@%^&|"]
+    assert warmup_prompt(taken)[0] not in {p[0] for p in taken}
 
 
 def test_the_client_starts_beside_its_server_and_sends_once_it_is_healthy(tmp_path, fake, monkeypatch):

@@ -57,8 +57,9 @@ def confirm(
         help="A results folder (or its best.json). Default: the newest under ./results.")] = None,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds a side: baseline, pick, baseline, pick, ..., "
                                                     "a new server instance each.")] = 3,
-    warmups: Annotated[int, typer.Option(min=0, help="Warm-up requests per server "
-                                                     "(vllm bench serve --num-warmups).")] = 3,
+    warmups: Annotated[int, typer.Option(min=0, help="Warm-up requests per server, on a prompt outside the "
+                                                     "measured set (never vllm bench serve's --num-warmups, "
+                                                     "which repeats a measured request).")] = 3,
     workload: Annotated[Optional[Path], typer.Option(help="The study's workload file. Default: the path "
                                                           "best.json records.")] = None,
     format: Annotated[str, typer.Option("--format", help=f"Workload format: {', '.join(FORMATS)}.")] = "auto",

@@ -52,7 +52,7 @@ from autotune.serve.bench_client import DEFAULT_WARMUPS, ClientPlan, _num, _scal
 from autotune.serve.served import served_line, verdict
 from autotune.serve.servers import (BENCH_TIMEOUT_S, HOST, READY_TIMEOUT_S, ServeFailed, client_started, finish_client,
                                     free_port, serving)
-from autotune.vllm_cli import WAIT_FOR, WAIT_FOR_S
+from autotune.vllm_cli import WAIT_FOR, WAIT_FOR_S, WARMUP_ENV
 
 CONFIRM_DIR = "confirm"  # under the results folder: scripts, dataset, server logs, bench results
 DATASET = "workload.jsonl"  # the workload as `vllm bench serve --dataset-name custom` reads it
@@ -262,7 +262,9 @@ def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float
     client_log = out / f"{tag}.bench.log"
     # The client starts with the server and sends its first request once /health answers
     # (autotune.vllm_cli, AUTOTUNE_WAIT_FOR); started fresh, its imports (10-16 s) overlap the server's start.
-    wait = {WAIT_FOR: f"{base_url}/health", WAIT_FOR_S: f"{ready_timeout_s:g}"}
+    # and warms the server on requests outside the measured set (autotune.serve.warmup)
+    wait = {WAIT_FOR: f"{base_url}/health", WAIT_FOR_S: f"{ready_timeout_s:g}",
+            WARMUP_ENV: json.dumps(st.plan.warmup)}
     with client_started([*st.client, "--base-url", base_url, "--save-result", "--result-dir", str(out),
                          "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}",
                          f"round={n}"], log_path=client_log, env={**st.env, **wait}, start=start) as client, \
