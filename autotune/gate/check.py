@@ -309,7 +309,9 @@ def markdown(r: CheckResult) -> str:
              f"Compared: {how}.", ""]
     if r.objectives:
         cols = ("deployed now", "new pick") if r.basis == SAME_RUN else ("deployed speedup then", "new speedup now")
-        lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better) |", "|---|---|---|---|"]
+        unit = ("95% interval over the windows of one instance each" if r.basis == SAME_RUN else
+                "95% interval: the widest quotient of both runs' speedup intervals")
+        lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better), {unit} |", "|---|---|---|---|"]
         for c in r.objectives:
             lines.append(f"| {c.name} ({c.direction}) | {c.deployed:.4g} | {c.new:.4g} | "
                          f"{c.ratio:.3f}{_interval(c.lo, c.hi)}"
