@@ -322,7 +322,7 @@ def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: i
             workload: Any = None, format: str = "auto", output_len: int | None = None, turns: str | None = None,
             drop_too_long: bool = False, python: str | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
             bench_timeout_s: float = BENCH_TIMEOUT_S, launcher: bool = True, say: Say | None = None) -> dict[str, Any]:
-    """Serve the pick (``serve.sh``) and the baseline in alternating rounds, a new server each,
+    """Serve the pick (``serve.sh``) and the baseline in rounds in ABBA order, a new server each,
     measure each with ``vllm bench serve``, and write the served numbers into best.json.
 
     ``launcher``: fork servers and clients from autotune's launcher (the one running, else one
