@@ -108,7 +108,8 @@ def pareto_table(report: dict[str, Any]) -> Table:
         name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + (" *best*" if e["trial"] == best else "")
         tps = _float_or_nan(m["output_tok_s"], ".1f") + (f" ±{m['output_tok_s_mad']:.1f}" if "output_tok_s_mad" in m else "")
         t.add_row(str(e["trial"]), name + (" [yellow](noisy)[/yellow]" if m.get("noisy") else ""), tps,
-                  _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + _interval(s) + _unit(s),
+                  _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + ("" if e is report.get("baseline") else
+                                                                       _interval(s) + _unit(s)),
                   _float_or_nan(m["e2e_ms_p50"], ".0f"),
                   _float_or_nan(m["tpot_ms_p50"], ".1f"), _float_or_nan(m.get("acceptance_rate"), ".2f"),
                   verdict_text(e["verdict"]))
