@@ -81,8 +81,11 @@ def confirm(
     `vllm bench serve` on the study's workload and load, and write the served speedup beside the
     in-process claim into best.json.
 
-    Rounds alternate baseline and pick, each on a new server instance; every server log and bench JSON
-    goes to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on bad input.
+    Rounds run baseline and pick in ABBA order (baseline, pick | pick, baseline | ...), each on a new
+    server instance warmed on a request outside the measured set; the served speedup has a t-interval
+    over the rounds, and claimed/served reads within 5%, consistent or differ on its interval. Every
+    server log and bench JSON goes to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on
+    bad input.
     """
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
