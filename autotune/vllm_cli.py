@@ -12,7 +12,8 @@ With ``AUTOTUNE_WAIT_FOR=URL`` in its environment, `bench` imports and parses, t
 answers 200 before it runs (at most ``AUTOTUNE_WAIT_FOR_S`` seconds, default 600): `autotune confirm`
 starts the client beside a starting server so that the client's imports (10-16 s on 2 cores) overlap
 the server's start instead of following it. Nothing the client measures changes: its first request
-still goes to a server that is up.
+still goes to a server that is up. With ``AUTOTUNE_WARMUP`` (JSON), it then sends confirm's warm-up
+requests, none of them a measured one (autotune.serve.warmup), before the bench runs.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 WAIT_FOR, WAIT_FOR_S = "AUTOTUNE_WAIT_FOR", "AUTOTUNE_WAIT_FOR_S"
+WARMUP_ENV = "AUTOTUNE_WARMUP"  # autotune.serve.warmup: requests sent before the bench, none of them measured
 
 
 def serve_parser() -> tuple[Any, Any]:
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     cmd.validate(args)
     if argv[:1] == ["bench"] and os.environ.get(WAIT_FOR):
         wait_for(os.environ[WAIT_FOR], float(os.environ.get(WAIT_FOR_S) or 600))
+    if argv[:1] == ["bench"] and os.environ.get(WARMUP_ENV):  # confirm: warm outside the measured set
+        from autotune.serve.warmup import warm_up
+
+        warm_up(args.base_url, getattr(args, "served_model_name", None) or args.model, os.environ[WARMUP_ENV])
     args.dispatch_function(args)
 
 

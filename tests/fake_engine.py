@@ -76,7 +76,12 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     sd = float(os.environ.get("AUTOTUNE_FAKE_NOISE", "0.08"))
     # A lossy config's own speed-up (AUTOTUNE_FAKE_LOSSY_GAIN; default none: its gain is noise alone).
     gain = float(os.environ.get("AUTOTUNE_FAKE_LOSSY_GAIN", "1")) if drift else 1.0
-    instance = (math.exp(rng.gauss(0.0, 0.05)) if sd else 1.0) / gain
+    # One instance's factor: sd AUTOTUNE_FAKE_INSTANCE_NOISE (0.05), and a slow drift of the machine's
+    # speed, AUTOTUNE_FAKE_DRIFT per trial (0), for benchmarks/calibration_fake.py.
+    inst_sd = float(os.environ.get("AUTOTUNE_FAKE_INSTANCE_NOISE", "0.05"))
+    slot = int(where.rsplit("/", 1)[-1]) if where.rsplit("/", 1)[-1].isdigit() else 0
+    instance = (math.exp(rng.gauss(0.0, inst_sd) + float(os.environ.get("AUTOTUNE_FAKE_DRIFT", "0")) * slot)
+                if sd else 1.0) / gain
 
     def scale() -> float:  # one window's step-time factor
         return instance * (math.exp(rng.gauss(0.0, sd)) if sd else 1.0)

@@ -266,3 +266,24 @@ def test_a_pick_that_is_the_deployed_configs_own_re_measurement_is_no_change():
     other = dict(entry(150, 130, spread=0.08), trial=2)  # the same numbers from another trial: windows decide
     r = compare(report(other, deployed=same), report(entry(150, 130)), tolerance=0.05)
     assert r.status == UNDECIDED
+
+
+def test_two_runs_with_disjoint_objectives_compared_nothing_and_say_so(tmp_path):
+    """A gate that compared nothing used to pass (exit 0, 'no regression'): runs that optimised other
+    objectives, not re-measured side by side, share no objective to judge. Exit 2, naming both sides'."""
+    new, old = report(entry(150, 110)), report(entry(100, 100))
+    new["objectives"], old["objectives"] = ["e2e_ms_p50"], ["output_tok_s"]
+    del old["best"]["measurement"]["e2e_ms_p50"], old["baseline"]["measurement"]["e2e_ms_p50"]
+    with pytest.raises(BadInput, match=r"compared nothing.*new results' objectives: e2e_ms_p50.*deployed "
+                                       r"results' objectives: output_tok_s"):
+        compare(new, old, tolerance=0.05)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    (tmp_path / "old" / "best.json").write_text(json.dumps(old))
+    (tmp_path / "new" / "best.json").write_text(json.dumps(new))
+    r = runner.invoke(app, ["check", str(tmp_path / "new"), "--against", str(tmp_path / "old")])
+    assert r.exit_code == 2 and "compared nothing" in r.stderr and "Traceback" not in r.output
+    # Objectives with no known direction compare nothing either.
+    new["objectives"] = old["objectives"] = ["goodput"]
+    with pytest.raises(BadInput, match="compared nothing"):
+        compare(new, old, tolerance=0.05)

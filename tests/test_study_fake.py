@@ -267,9 +267,11 @@ def test_configs_queued_past_the_budget_are_left_out_aloud_and_the_remeasurement
                               "--resume with a larger --trials measures it)")
     # The queue did not starve the fresh-engine re-measurement of the pick and the baseline.
     again = [x for x in t if x.user_attrs.get("role") == "re-measure"]
-    assert len(again) == 2 and all(x.state == TrialState.COMPLETE for x in again)
-    # the pick's fresh engine first, then the baseline's: baseline, pick, pick, baseline (ABBA)
-    assert [x.user_attrs["remeasure_of"] for x in again] == [2, 0]  # k=3 (the faster), then the baseline
+    # three rounds (the pick's figure rests on them alone: autotune.measure.resolution.FIGURE_PAIRS)
+    assert len(again) == 6 and all(x.state == TrialState.COMPLETE for x in again)
+    # the pick's fresh engine first, then the baseline's, then ABBA on: k=3 (the faster), the baseline, ...
+    assert [x.user_attrs["remeasure_of"] for x in again][:2] == [2, 0]
+    assert [x.user_attrs["label"] for x in again] == ["ngram k=3", "none", "none", "ngram k=3", "ngram k=3", "none"]
     report = write_results(study, tmp_path / "fake", settings=Settings(model="fake-model"),
                            platform={"platform": "cpu"}, objectives=["output_tok_s", "e2e_ms_p50"],
                            storage_url=f"sqlite:///{tmp_path / 'fake' / 'study.db'}")

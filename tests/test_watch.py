@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 from autotune.core import errors
 from autotune.cli.app import app
 from autotune.gate.deployed import Deployed, project
-from autotune.core.errors import BadInput
+from autotune.core.errors import BadInput, Unreachable
 from autotune.forecast.forecast import AcceptanceTable, Model, Observation
 from autotune.gate.live import fetch_metrics, parse_scrape, window
 from autotune.forecast.predict import Acceptance
 from autotune.serve.servers import free_port
-from autotune.gate.watch import DRIFT, IDLE, OK, judge, parse_interval
+from autotune.gate.watch import DRIFT, IDLE, NO_BAND, NO_DRAFTS, OK, judge, parse_interval
 
 DATA = Path(__file__).resolve().parent / "data" / "watch"
 PAGES = {n: (DATA / f"{n}.txt").read_text() for n in ("start", "edit", "chat")}
@@ -101,7 +101,7 @@ def test_pages_without_what_watch_reads_are_bad_input(page, says):
 
 
 def test_unreachable_server_and_bad_url_are_one_line_each():
-    with pytest.raises(BadInput, match=r"^http://127\.0\.0\.1:\d+/metrics: cannot reach the server"):
+    with pytest.raises(Unreachable, match=r"^http://127\.0\.0\.1:\d+/metrics: cannot reach the server"):
         fetch_metrics(f"http://127.0.0.1:{free_port()}", timeout_s=2)
     with pytest.raises(BadInput, match="--url: expected http://HOST:PORT"):
         fetch_metrics("127.0.0.1:8000")
@@ -161,11 +161,53 @@ def test_load_beyond_the_measured_level_is_drift(tmp_path):
 
 def test_without_per_request_acceptance_the_measured_values_and_a_tolerance(tmp_path):
     d = deployed(tmp_path)
-    d.per_request, d.pooled = [], None
-    assert judge(d, edit_window()).status == OK
+    d.per_request, d.pooled, d.note = [], None, "no study storage at w/study.db (pass --storage): no forecast"
     v = judge(d, chat_window())
     assert v.status == DRIFT and "tokens/step" not in {m.metric for m in v.compared}
     assert "+-15%" in v.basis
+
+
+def test_a_missing_band_is_never_ok_and_says_which(tmp_path):
+    """Without the study's storage there is no tokens/step band: the study's kind of traffic used to
+    be 'ok' on acceptance alone, though tokens/step is what the speedup rests on. Now: exit 5, named."""
+    d = deployed(tmp_path)
+    d.per_request, d.pooled, d.note = [], None, "no study storage at w/study.db (pass --storage): no forecast"
+    v = judge(d, edit_window())
+    assert (v.status, v.exit_code, v.moved) == (NO_BAND, errors.DRIFT, [])
+    assert v.missing == ["tokens/step (no study storage at w/study.db (pass --storage): no forecast)"]
+    assert v.line().startswith(f"no band: {LABEL}, 4 requests in 10 s: mean accepted length 3.75 (study 3.16-4.28)")
+    assert v.line().endswith("; no band to judge tokens/step (no study storage at w/study.db (pass --storage): "
+                             "no forecast)")
+    # A measured value that is not a number is no band either (it used to hold any live value).
+    nan = deployed(tmp_path, mean_accepted_length=float("nan"))
+    nan.per_request, nan.pooled = [], None
+    assert any(m.startswith("mean accepted length") for m in judge(nan, edit_window()).missing)
+
+
+def test_a_live_value_that_is_not_a_number_holds_no_band():
+    from autotune.gate.deployed import Band
+
+    b = Band(3.0, 2.5, 3.5)
+    assert b.holds(3.0) and not b.holds(float("nan")) and not Band(float("nan"), 2.5, 3.5).holds(3.0)
+
+
+def _no_drafts(w):
+    """The window as a server with speculation off shows it: tokens generated, not one draft."""
+    return type(w)(**{**w.__dict__, "drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": (0, 0, 0)})
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_busy_window_without_drafts_is_no_drafts_exit_5(tmp_path, replay):
+    """A server that generated tokens but drafted none (speculation off, misconfigured) used to be
+    'ok' without the study's storage (every NaN live value counted as inside its band)."""
+    d = deployed(tmp_path)
+    if not replay:
+        d.per_request, d.pooled = [], None
+    v = judge(d, _no_drafts(edit_window()))
+    assert (v.status, v.exit_code) == (NO_DRAFTS, errors.DRIFT)
+    assert v.line() == (f"no drafts: {LABEL}, 4 requests in 10 s: 177 output tokens and no drafts: the server is "
+                        "not speculating (speculation off, or a misconfigured server); the deployed pick drafts up "
+                        "to 3 a step")
 
 
 def test_an_idle_window_is_not_judged(tmp_path):
@@ -266,8 +308,14 @@ def test_cli_once_ok_then_drift_with_json_and_a_profile(tmp_path, server, monkey
     results = _results(tmp_path, _best())
     pages += [PAGES["start"], PAGES["edit"]]
     r = runner.invoke(app, ["watch", str(results), "--url", url, "--interval", "10", "--once"])
-    assert r.exit_code == errors.OK, r.output
-    assert r.output.startswith(f"ok: {LABEL}, 4 requests in 10 s: mean accepted length 3.75 (study 3.16-4.28)")
+    assert r.exit_code == errors.DRIFT, r.output  # no study.db: no tokens/step band, so never ok
+    assert r.output.startswith(f"no band: {LABEL}, 4 requests in 10 s: mean accepted length 3.75 (study 3.16-4.28)")
+    assert "no band to judge tokens/step (no study storage at " in r.output
+    # With the study's replay (as study.db gives it): ok.
+    monkeypatch.setattr("autotune.gate.deployed.load_deployed", lambda *a, **k: deployed(results))
+    pages += [PAGES["start"], PAGES["edit"]]
+    r = runner.invoke(app, ["watch", str(results), "--url", url, "--interval", "10", "--once"])
+    assert r.exit_code == errors.OK and r.output.startswith(f"ok: {LABEL}, 4 requests in 10 s: "), r.output
     pages += [PAGES["edit"], PAGES["chat"]]
     profile = tmp_path / "profile.json"
     r = runner.invoke(app, ["watch", str(results), "--url", url, "--interval", "10", "--once", "--json",
@@ -281,7 +329,6 @@ def test_cli_once_ok_then_drift_with_json_and_a_profile(tmp_path, server, monkey
 
 
 @pytest.mark.parametrize("case, says", [
-    ("unreachable", r"^error: http://127\.0\.0\.1:\d+/metrics: cannot reach the server"),
     ("no_spec", "no speculative-decoding metrics"),
     ("no_pick", "no deployed pick in best.json"),
     ("no_results", "no such results file"),
@@ -291,8 +338,6 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, server, case, says):
     url, pages = server
     best = {"no_pick": None, "not_speculative": {**_best(), "candidate": BASE, "label": "none eager"}}
     results = _results(tmp_path, best.get(case, _best()))
-    if case == "unreachable":
-        url = f"http://127.0.0.1:{free_port()}"
     if case == "no_spec":
         pages.append("".join(ln for ln in PAGES["edit"].splitlines(True) if "spec_decode" not in ln))
     if case == "no_results":
@@ -301,6 +346,34 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, server, case, says):
     assert r.exit_code == errors.BAD_INPUT, r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
     assert re.search(says, r.output.strip()), r.output
+
+
+def test_an_unreachable_server_is_retried_then_its_own_exit_code(tmp_path, monkeypatch):
+    """A brief outage used to end watch as bad input (exit 2) at once. Now it is tried again for
+    --retry-s seconds; a server back within them is watched on, one that stays away is exit 6."""
+    clock = Clock()
+    monkeypatch.setattr("autotune.gate.watch.time", clock)
+    results = _results(tmp_path, _best())
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    r = runner.invoke(app, ["watch", str(results), "--url", url, "--interval", "10", "--once", "--retry-s", "12"])
+    assert r.exit_code == errors.UNREACHABLE == 6, r.output
+    assert re.fullmatch(r"error: http://127\.0\.0\.1:\d+/metrics: cannot reach the server \(.*\); tried for 12 s "
+                        r"\(--retry-s\)", r.output.strip()), r.output
+    assert clock.now == pytest.approx(12)  # it kept trying for the time asked, no longer
+    # Down for two tries (refused, then a 503 while it restarts), then back: the window is judged.
+    answers = [Unreachable("refused"), Unreachable("HTTP 503"), PAGES["start"], PAGES["edit"]]
+
+    def flaky(u, **k):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    monkeypatch.setattr("autotune.gate.watch.fetch_metrics", flaky)
+    monkeypatch.setattr("autotune.gate.deployed.load_deployed", lambda *a, **k: deployed(results))
+    r = runner.invoke(app, ["watch", str(results), "--url", url, "--interval", "10", "--once", "--retry-s", "60"])
+    assert r.exit_code == errors.OK and r.output.startswith("ok: "), r.output
+    assert "6 unreachable (watch)" in runner.invoke(app, ["--help"]).output.replace("\n", " ")
 
 
 # ---------------------------------------------------------------------------------------- a saved study

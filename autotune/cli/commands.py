@@ -66,8 +66,9 @@ def confirm(
         help="A results folder (or its best.json). Default: the newest under ./results.")] = None,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds a side: baseline, pick, baseline, pick, ..., "
                                                     "a new server instance each.")] = 3,
-    warmups: Annotated[int, typer.Option(min=0, help="Warm-up requests per server "
-                                                     "(vllm bench serve --num-warmups).")] = 3,
+    warmups: Annotated[int, typer.Option(min=0, help="Warm-up requests per server, on a prompt outside the "
+                                                     "measured set (never vllm bench serve's --num-warmups, "
+                                                     "which repeats a measured request).")] = 3,
     workload: Annotated[Optional[Path], typer.Option(help="The study's workload file. Default: the path "
                                                           "best.json records.")] = None,
     format: Annotated[str, typer.Option("--format", help=f"Workload format: {', '.join(FORMATS)}.")] = "auto",
@@ -89,8 +90,11 @@ def confirm(
     `vllm bench serve` on the study's workload and load, and write the served speedup beside the
     in-process claim into best.json.
 
-    Rounds alternate baseline and pick, each on a new server instance; every server log and bench JSON
-    goes to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on bad input.
+    Rounds run baseline and pick in ABBA order (baseline, pick | pick, baseline | ...), each on a new
+    server instance warmed on a request outside the measured set; the served speedup has a t-interval
+    over the rounds, and claimed/served reads within 5%, consistent or differ on its interval. Every
+    server log and bench JSON goes to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on
+    bad input.
     """
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
@@ -152,7 +156,8 @@ def check(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of Markdown.")] = False,
 ) -> None:
     """Exit 1 if the new pick is worse than the deployed one beyond the tolerance, or incorrect; exit 4
-    if it cannot tell (an interval across the tolerance line: measure more rounds).
+    if it cannot tell (an interval across the tolerance line: measure more rounds); exit 2 if it compared
+    nothing (no objective measured on both sides: each side's objectives are named).
 
     The Markdown summary is also appended to $GITHUB_STEP_SUMMARY when that is set.
     """
@@ -178,12 +183,16 @@ def watch(
                                      envvar="AUTOTUNE_WATCH_URL")],
     interval: Annotated[str, typer.Option(help="Window length: seconds between scrapes (60, 60s, 2m).")] = "60",
     once: Annotated[bool, typer.Option("--once", help="One window (two scrapes an interval apart), then exit: "
-                                                      "0 ok or idle, 5 drift (for cron or CI).")] = False,
+                                                      "0 ok or idle, 5 drift, no drafts or no band, 6 "
+                                                      "unreachable (for cron or CI).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object a window instead of a line.")] = False,
     profile: Annotated[Optional[Path], typer.Option(help="Write each busy window's per-position acceptance "
                                                          "counts to this JSON file (an acceptance profile).")] = None,
     storage: Annotated[Optional[str], typer.Option(help="The study's Optuna storage URL. Default: RESULTS/study.db.",
                                                    envvar="AUTOTUNE_STORAGE")] = None,
+    retry_s: Annotated[float, typer.Option("--retry-s", help="Seconds to keep retrying a server that does not "
+                                                             "answer (refused, timed out, HTTP 5xx) before exit 6.",
+                                           min=0)] = 60.0,
 ) -> None:
     """Compare a live vLLM server's speculative decoding with what the study measured for the deployed
     config: acceptance by position, mean accepted length, tokens per step, requests in flight.
@@ -198,7 +207,7 @@ def watch(
     deployed = load_deployed(results, storage=storage)
     try:
         code = run_watch(deployed, url, interval_s=seconds, once=once, as_json=json_out, profile=profile,
-                         say=lambda line: print(line, flush=True))  # a line a window, as it comes (tail, cron)
+                         retry_s=retry_s, say=lambda line: print(line, flush=True))  # a line a window, as it comes (tail, cron)
     except KeyboardInterrupt:
         raise typer.Exit(errors.INTERRUPTED) from None
     raise typer.Exit(code)

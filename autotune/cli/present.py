@@ -81,10 +81,20 @@ def _interval(s: dict[str, Any]) -> str:
     return "" if lo is None or hi is None or lo != lo else f" [{lo:.2f}-{hi:.2f}]"
 
 
+def _unit(s: dict[str, Any]) -> str:
+    """What an interval is over, short, for a table cell: paired instances or one instance's windows."""
+    if _interval(s) == "":
+        return ""
+    return f" ({s['output_tok_s_pairs']} pairs)" if s.get("output_tok_s_pairs") else " (windows)"
+
+
 def pareto_table(report: dict[str, Any]) -> Table:
     """The Pareto front with each config's speedup over the baseline (and the pick, where lossless
     first chose it over a faster lossy config on the front)."""
-    t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})")
+    t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})",
+              caption="speedup: 95% interval over (N pairs) of fresh instances measured side by side, the "
+                      "selecting trial left out, or over (windows) of one instance, far narrower than instances "
+                      "differ")
     for col in ("trial", "config", "tok/s", "speedup", "e2e p50 ms", "tpot p50 ms", "accept", "verdict"):
         # fold, not "draft_…": a narrow terminal breaks a long config or number, never cuts it short.
         t.add_column(col, justify="right" if col not in ("config", "verdict") else "left", overflow="fold")
@@ -98,7 +108,9 @@ def pareto_table(report: dict[str, Any]) -> Table:
         name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + (" *best*" if e["trial"] == best else "")
         tps = _float_or_nan(m["output_tok_s"], ".1f") + (f" ±{m['output_tok_s_mad']:.1f}" if "output_tok_s_mad" in m else "")
         t.add_row(str(e["trial"]), name + (" [yellow](noisy)[/yellow]" if m.get("noisy") else ""), tps,
-                  _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + _interval(s), _float_or_nan(m["e2e_ms_p50"], ".0f"),
+                  _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + ("" if e is report.get("baseline") else
+                                                                       _interval(s) + _unit(s)),
+                  _float_or_nan(m["e2e_ms_p50"], ".0f"),
                   _float_or_nan(m["tpot_ms_p50"], ".1f"), _float_or_nan(m.get("acceptance_rate"), ".2f"),
                   verdict_text(e["verdict"]))
     return t
@@ -132,9 +144,11 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
         b = report["best"]
         say.print(f"best: trial {b['trial']} [b]{b['label']}[/b] at "
                       f"{b['speedup']['output_tok_s']:.2f}x{_interval(b['speedup'])} the baseline's output tok/s "
-                      + (f"(95% interval over {b['speedup']['output_tok_s_pairs']} pairs of fresh engine instances "
-                         f"measured side by side)" if b["speedup"].get("output_tok_s_pairs")
-                         else "(95% bootstrap interval over windows)") + f"; verdict {b['verdict']['reason']}",
+                      + (f"(95% t-interval over {b['speedup']['output_tok_s_pairs']} paired instances: fresh engines "
+                         "measured side by side in ABBA order, the trial that selected it left out)"
+                         if b["speedup"].get("output_tok_s_pairs")
+                         else "(95% bootstrap interval over windows of one instance, the trial that selected it: "
+                              "instances differ more)") + f"; verdict {b['verdict']['reason']}",
                       highlight=False, soft_wrap=True)
         if report.get("lossless_first"):
             say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)

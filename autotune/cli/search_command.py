@@ -21,6 +21,16 @@ from autotune.cli.present import search_summary
 from autotune.run.launcher import held as launcher_held
 
 
+# What benchmarks/data/served_gap*.json measured (tests/test_verdict_texts.py checks the figures against
+# the files): the in-process claim over the served figure, run by run; it changes sign, so no bias
+# of the in-process instrument can be told apart from instance noise (docs/findings.md).
+INSTRUMENT_HELP = ("How each trial is measured: served (the candidate's exported `vllm serve` command, driven "
+                   "over HTTP: the number users get) or inprocess (vLLM's AsyncLLM in the worker: no HTTP "
+                   "serving per request; its claim over the served figure was 1.07, 1.15 and 0.90 in three "
+                   "runs, benchmarks/data/served_gap*.json: no bias told apart from the spread between "
+                   "instances).")
+
+
 @app.command(cls=PanelledCommand, epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
              "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30\n\n"
              "  autotune search traffic.jsonl --model M -- --tensor-parallel-size 2 --enable-prefix-caching")
@@ -51,18 +61,17 @@ def search(
     strategy: Annotated[str, typer.Option(metavar=choices(Strategy), help="How candidates are chosen: predict (forecast each from the "
                                                "baseline's tokens, measure what can win), grid (in order), tpe or "
                                                "random (Optuna's samplers).")] = "predict",
-    instrument: Annotated[str, typer.Option(metavar=choices(Instrument), help="How each trial is measured: served (the candidate's exported "
-                                                 "`vllm serve` command, driven over HTTP: the number users get) "
-                                                 "or inprocess (vLLM's AsyncLLM in the worker: skips the serving "
-                                                 "cost of each request, so it overstates speedups).")] = "served",
+    instrument: Annotated[str, typer.Option(metavar=choices(Instrument), help=INSTRUMENT_HELP)] = "served",
     remeasure: Annotated[bool, typer.Option("--remeasure/--no-remeasure", help="Then measure the pick and the "
                                             "baseline once more, each on a fresh engine, and pool the windows, so "
                                             "the pick's interval includes the spread between engine instances "
                                             "(two trials on top of --trials).")] = True,
-    pairs: Annotated[int, typer.Option(min=1, help="Rounds of fresh engines for the pick and the baseline at "
-                                       "most: after the first, another is added while the pick's speedup, "
-                                       "with engine instances paired as the unit, cannot be told from a tie "
-                                       "(within 3%); best.json states the resolution reached.")] = 3,
+    pairs: Annotated[int, typer.Option(min=1, help="Rounds of fresh engines for the pick and the baseline, "
+                                       "each pair side by side in ABBA order: the pick's figure rests on these "
+                                       "alone (the trial that selected it left out), with a t-interval over "
+                                       "the pairs; 3 (the default) is the fewest that decides anything, more "
+                                       "are added up to this while the pick cannot be told from a tie (within "
+                                       "3%); best.json states the resolution reached.")] = 3,
     past_edge: Annotated[bool, typer.Option("--past-edge/--no-past-edge", help="--strategy predict: before "
                                             "stopping, measure one step past an edge of the space (a deeper "
                                             "k, a longer lookup) that the best config sits on, when the "

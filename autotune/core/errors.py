@@ -10,6 +10,7 @@ BAD_INPUT = 2
 INTERNAL = 3  # an exception no module meant for the user: a bug
 UNDECIDED = 4  # check: the interval straddles the tolerance band; more pairs are needed to tell
 DRIFT = 5  # watch: live traffic has left what the study measured for the deployed config
+UNREACHABLE = 6  # watch: the server could not be reached for --retry-s seconds (an outage, not bad input)
 INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_CODES = {
     OK: "done (check: no regression)",
@@ -18,7 +19,9 @@ EXIT_CODES = {
     BAD_INPUT: "bad input (workload, space, flags, results): one line naming the file, line or key",
     INTERNAL: "an internal error (a bug): one line saying where, --verbose for the traceback",
     UNDECIDED: "cannot tell (check): the new/deployed interval straddles the tolerance; rerun with more rounds",
-    DRIFT: "drift (watch): live acceptance or load left the study's interval for the deployed config",
+    DRIFT: "drift (watch): live acceptance or load left the study's interval for the deployed config; also a busy "
+           "window with no drafts, or a metric without a band to judge it (never ok on nothing)",
+    UNREACHABLE: "unreachable (watch): the server's /metrics did not answer for --retry-s seconds",
     INTERRUPTED: "interrupted (Ctrl-C or SIGTERM): the running trial is recorded as interrupted; --resume continues",
 }
 
@@ -36,6 +39,12 @@ class BadInput(AutotuneError):
     """
 
     exit_code = BAD_INPUT
+
+
+class Unreachable(AutotuneError):
+    """A server that does not answer (refused, timed out, 5xx): an outage to retry, then its own exit code."""
+
+    exit_code = UNREACHABLE
 
 
 class StudyFailed(AutotuneError):

@@ -31,7 +31,7 @@ class Entry(TypedDict, total=False):
     engine_kwargs: dict[str, Any]
     measurement: dict[str, Any]
     verdict: dict[str, Any]
-    speedup: dict[str, float] | None
+    speedup: dict[str, Any] | None  # ratios, their interval and its unit (output_tok_s_unit)
     speedup_by_category: dict[str, Any]
     predicted: dict[str, Any] | None
     planned: str | None

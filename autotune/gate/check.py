@@ -271,10 +271,18 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
     changed = {k: (ctx_old[k], ctx_new[k]) for k in ctx_new if ctx_new[k] != ctx_old[k]}
     if dep is not None and (reasons or undecided) and nb is not None:
         notes += _holds_all(new, dep, tolerance)
+    if nb is not None and not changes and not reasons:  # a gate that compared nothing must not pass
+        raise BadInput(f"check: compared nothing: the new results' objectives: {_names(new)}; the deployed "
+                       f"results' objectives: {_names(old)}; no objective with a known direction was measured on "
+                       "both sides (rerun the new study with the deployed run's --objectives, or --warm-start)")
     status = REGRESSION if reasons else UNDECIDED if undecided else OK
     return CheckResult(status=status, reasons=reasons, objectives=changes,
                        new_label=nb["label"] if nb else None, old_label=ob["label"], tolerance=tolerance,
                        basis=basis, drift=drift, notes=notes, changed_context=changed, undecided=undecided)
+
+
+def _names(report: dict[str, Any]) -> str:
+    return ", ".join(report.get("objectives") or []) or "none"
 
 
 def _holds_all(new: dict[str, Any], dep: dict[str, Any], tolerance: float) -> list[str]:
@@ -301,7 +309,9 @@ def markdown(r: CheckResult) -> str:
              f"Compared: {how}.", ""]
     if r.objectives:
         cols = ("deployed now", "new pick") if r.basis == SAME_RUN else ("deployed speedup then", "new speedup now")
-        lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better) |", "|---|---|---|---|"]
+        unit = ("95% interval over the windows of one instance each" if r.basis == SAME_RUN else
+                "95% interval: the widest quotient of both runs' speedup intervals")
+        lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better), {unit} |", "|---|---|---|---|"]
         for c in r.objectives:
             lines.append(f"| {c.name} ({c.direction}) | {c.deployed:.4g} | {c.new:.4g} | "
                          f"{c.ratio:.3f}{_interval(c.lo, c.hi)}"

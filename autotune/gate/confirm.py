@@ -5,29 +5,30 @@ the served figure moves from one server instance to the next by more than the wi
 instance show (benchmarks/data/served_gap*.json). So this step:
 
 - serves the pick with ``serve.sh`` as written and the baseline through the same launcher
-  (``confirm/baseline.sh``, built by the same ``serve_script``), in alternating rounds
-  (baseline, pick, baseline, pick, ...), a new server instance each round, one after another: a
-  server starting beside the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
+  (``confirm/baseline.sh``, built by the same ``serve_script``), in rounds of one pair each, in
+  ABBA order (baseline, pick | pick, baseline | baseline, pick ...: ``round_order``), so that a
+  drift over the run (the machine warming, another job) weighs on both sides alike, as the study's
+  re-measurement does; a new server instance each, one after another: a server starting beside
+  the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
   (benchmarks/data/confirm_overlap.json);
 - starts each server and client forked from autotune's launcher (autotune.run.launcher; the
   study's own when `search --confirm` runs, else one started here), which has imported vLLM once:
   the same `vllm serve` command, arguments and environment, each server a new instance of its
   own with its own engine core and CPU worker, ready in about 2 s instead of 30-35 s on 2 cores
   (benchmarks/data/launcher_start.json: tok/s forked over fresh 1.01, 0.79-1.26, inside fresh
-  instances' own spread). A script that is not what autotune wrote for the config, or
-  ``launcher=False`` (`--no-launcher`), runs as a new process, as users start it; each round
-  records which (``started``);
+  instances' own spread). A script autotune did not write, or ``launcher=False`` (`--no-launcher`),
+  runs as a new process, as users start it; each round records which (``started``);
 - measures each with ``vllm bench serve`` (run through ``python -m autotune.vllm_cli bench serve``,
   which also works on the CPU build) on the study's workload and load, each round's JSON kept; the
-  client starts beside its server and waits for ``/health`` after its own imports, so those imports
-  (10-16 s) overlap the server's start; the first request still meets a ready server;
-- reports the served speedup, median(pick tok/s) / median(baseline tok/s) over rounds with a 95%
-  bootstrap interval over rounds, beside the study's claim, and writes both into best.json.
+  client starts beside its server and waits for ``/health`` after its own imports (10-16 s);
+- reports the served speedup over rounds as pairs: exp(mean log(pick / baseline tok/s)) with a 95%
+  t-interval on those log ratios (autotune.measure.intervals: a bootstrap over 3 rounds does not
+  reach its coverage), beside the study's claim, with confirm's resolution, into best.json.
 
 Every server starts in its own session; the ready-wait tells a crash (the process exited) from a
 timeout; the whole process group is ended (SIGTERM, then SIGKILL) and checked to be gone
 (autotune.serve.servers). What the client sends is autotune.serve.bench_client; the verdict and the comparison
-`check` makes are autotune.serve.served. Just over 300 lines: the step writes its files and best.json.
+`check` makes are autotune.serve.served.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from autotune.serve.bench_client import DEFAULT_WARMUPS, ClientPlan, _num, _scal
 from autotune.serve.served import served_line, verdict
 from autotune.serve.servers import (BENCH_TIMEOUT_S, HOST, READY_TIMEOUT_S, ServeFailed, client_started, finish_client,
                                     free_port, serving)
-from autotune.vllm_cli import WAIT_FOR, WAIT_FOR_S
+from autotune.vllm_cli import WAIT_FOR, WAIT_FOR_S, WARMUP_ENV
 
 CONFIRM_DIR = "confirm"  # under the results folder: scripts, dataset, server logs, bench results
 DATASET = "workload.jsonl"  # the workload as `vllm bench serve --dataset-name custom` reads it
@@ -83,6 +84,13 @@ class RoundResult:
 def _median(xs: list[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return float(statistics.median(vals)) if vals else None
+
+
+def round_order(n: int) -> tuple[str, str]:
+    """Round ``n``'s sides in ABBA order: odd rounds baseline first, even rounds pick first. Over
+    two rounds each side sits once early and once late, so a linear drift cancels in the ratio
+    (always baseline first, a machine slowing over the run would favour the pick in every round)."""
+    return SIDES if n % 2 else (SIDES[1], SIDES[0])
 
 
 def _side_summary(rounds: list[RoundResult]) -> dict[str, Any]:
@@ -262,7 +270,9 @@ def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float
     client_log = out / f"{tag}.bench.log"
     # The client starts with the server and sends its first request once /health answers
     # (autotune.vllm_cli, AUTOTUNE_WAIT_FOR); started fresh, its imports (10-16 s) overlap the server's start.
-    wait = {WAIT_FOR: f"{base_url}/health", WAIT_FOR_S: f"{ready_timeout_s:g}"}
+    # and warms the server on requests outside the measured set (autotune.serve.warmup)
+    wait = {WAIT_FOR: f"{base_url}/health", WAIT_FOR_S: f"{ready_timeout_s:g}",
+            WARMUP_ENV: json.dumps(st.plan.warmup)}
     with client_started([*st.client, "--base-url", base_url, "--save-result", "--result-dir", str(out),
                          "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}",
                          f"round={n}"], log_path=client_log, env={**st.env, **wait}, start=start) as client, \
@@ -290,18 +300,19 @@ def _served(report: dict[str, Any], st: _Setup, done: list[RoundResult], *, roun
             ) -> dict[str, Any]:
     """The served numbers as best.json keeps them, beside the study's claim."""
     from autotune.run import hardware
-    from autotune.measure.metrics import ratio_interval
+    from autotune.measure.intervals import UNIT_ROUNDS, paired_t, resolution
 
-    by = {s: [r for r in done if r.side == s] for s in SIDES}
+    by = {s: sorted((r for r in done if r.side == s), key=lambda r: r.round) for s in SIDES}
     pick_tps, base_tps = [r.output_tok_s for r in by["pick"]], [r.output_tok_s for r in by["baseline"]]
-    lo, hi = ratio_interval(pick_tps, base_tps)
+    speedup, lo, hi, _ = paired_t(pick_tps, base_tps)  # round n's pick against round n's baseline
     claimed = report["best"].get("speedup") or {}
     return {
         "rounds": rounds, "order": [f"{r.side}" for r in done], "warmups": warmups,
         "servers": "+".join(sorted({r.started for r in done})),  # forked, fresh, or forked+fresh
         "pick_output_tok_s": pick_tps, "baseline_output_tok_s": base_tps,
-        "speedup": statistics.median(pick_tps) / statistics.median(base_tps), "speedup_lo": _num(lo),
-        "speedup_hi": _num(hi), "pick": _side_summary(by["pick"]), "baseline": _side_summary(by["baseline"]),
+        "speedup": speedup, "speedup_lo": _num(lo), "speedup_hi": _num(hi), "interval_unit": UNIT_ROUNDS,
+        "resolution": resolution(_num(lo), _num(hi)),
+        "pick": _side_summary(by["pick"]), "baseline": _side_summary(by["baseline"]),
         "claimed": {"speedup": _num(claimed.get("output_tok_s")), "lo": _num(claimed.get("output_tok_s_lo")),
                     "hi": _num(claimed.get("output_tok_s_hi"))},
         "per_round": [asdict(r) for r in done],
@@ -319,7 +330,7 @@ def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: i
             workload: Any = None, format: str = "auto", output_len: int | None = None, turns: str | None = None,
             drop_too_long: bool = False, python: str | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
             bench_timeout_s: float = BENCH_TIMEOUT_S, launcher: bool = True, say: Say | None = None) -> dict[str, Any]:
-    """Serve the pick (``serve.sh``) and the baseline in alternating rounds, a new server each,
+    """Serve the pick (``serve.sh``) and the baseline in rounds in ABBA order, a new server each,
     measure each with ``vllm bench serve``, and write the served numbers into best.json.
 
     ``launcher``: fork servers and clients from autotune's launcher (the one running, else one
@@ -353,7 +364,7 @@ def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: i
         with run_launcher.active(launcher, python=python):
             forked = launcher and bool(os.environ.get(run_launcher.ENV_KEY))  # else it did not start (said)
             for n in range(1, rounds + 1):
-                for side in SIDES:  # baseline first: a slow start of the machine does not favour the pick
+                for side in round_order(n):  # ABBA: a drift over the run weighs on both sides alike
                     done.append(_round(st, n, rounds, side, ready_timeout_s=ready_timeout_s,
                                        bench_timeout_s=bench_timeout_s, forked=forked, say=say))
     except ServeFailed as e:
@@ -366,7 +377,8 @@ def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: i
     served = _served(report, st, done, rounds=rounds, warmups=warmups)
     claimed = served["claimed"]
     line = verdict((served["speedup"], served["speedup_lo"], served["speedup_hi"]),
-                   (claimed["speedup"], claimed["lo"], claimed["hi"])) if claimed["speedup"] is not None else None
+                   (claimed["speedup"], claimed["lo"], claimed["hi"]), resolution=served["resolution"],
+                   rounds=rounds) if claimed["speedup"] is not None else None
     _record(results_dir, served, line)
     return served
 

@@ -49,8 +49,15 @@ class Band:
     lo: float
     hi: float
 
+    @property
+    def known(self) -> bool:
+        """The study gives a value and an interval to judge against (NaN: no drafts replayed, no value)."""
+        return all(math.isfinite(x) for x in (self.value, self.lo, self.hi))
+
     def holds(self, x: float) -> bool:
-        return not math.isfinite(x) or not math.isfinite(self.value) or self.lo <= x <= self.hi
+        """Inside the band; a live value that is not a number, or a band that is not one, holds
+        nothing (they used to count as inside: ok on a server that drafted nothing)."""
+        return math.isfinite(x) and self.known and self.lo <= x <= self.hi
 
 
 @dataclass(frozen=True)

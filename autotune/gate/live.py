@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.core.errors import BadInput
+from autotune.core.errors import BadInput, Unreachable
 from autotune.forecast.predict import Acceptance
 from autotune.run.served_engine import PER_POS, SPEC_COUNTERS, parse_counters
 
@@ -65,7 +65,9 @@ def parse_scrape(text: str, t: float, *, where: str = "/metrics") -> Scrape:
 
 
 def fetch_metrics(url: str, *, timeout_s: float = SCRAPE_TIMEOUT_S) -> str:
-    """The text of ``URL/metrics``; BadInput (one line) when the server cannot be reached."""
+    """The text of ``URL/metrics``; Unreachable (one line) when the server does not answer (refused,
+    timed out, HTTP 5xx: an outage or a restart, which `watch` retries), BadInput when it answers
+    something else than a vLLM server would (HTTP 4xx) or the URL is malformed."""
     if not url.startswith(("http://", "https://")):
         raise BadInput(f"--url: expected http://HOST:PORT (the vLLM server), got {url!r}")
     target = url.rstrip("/") + "/metrics"
@@ -73,10 +75,12 @@ def fetch_metrics(url: str, *, timeout_s: float = SCRAPE_TIMEOUT_S) -> str:
         with urllib.request.urlopen(target, timeout=timeout_s) as r:
             return r.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as e:
+        if e.code >= 500:
+            raise Unreachable(f"{target}: HTTP {e.code} ({e.reason}): the server is not serving") from None
         raise BadInput(f"{target}: HTTP {e.code} ({e.reason}): is it a vLLM server?") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise BadInput(f"{target}: cannot reach the server ({reason})") from None
+        raise Unreachable(f"{target}: cannot reach the server ({reason})") from None
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,17 @@ from typing import Any
 
 from autotune.core import errors
 from autotune.gate.deployed import Band, Deployed
-from autotune.core.errors import BadInput
+from autotune.core.errors import BadInput, Unreachable
 from autotune.forecast.forecast import Forecast
 from autotune.gate.live import Scrape, Window, fetch_metrics, parse_scrape, window
 from autotune.core.study_report import clean  # JSON without NaN (as confirm writes it)
 
+RETRY_EVERY_S = 5.0  # between tries while the server does not answer (within --retry-s)
 LOAD_TOLERANCE = 0.5  # requests in flight beyond the measured levels by more than half: another batch size
 OK, DRIFT, IDLE = "ok", "drift", "idle"
+# Never ok on nothing: a busy window without a single draft (speculation off, a misconfigured server),
+# or a metric the study gives no band for, is a verdict of its own, with drift's exit code.
+NO_DRAFTS, NO_BAND = "no drafts", "no band"
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,11 @@ class Verdict:
     ranking: list[Forecast] = field(default_factory=list)
     measured_speedup: float | None = None
     basis: str = ""
+    missing: list[str] = field(default_factory=list)  # "metric: why" for each metric without a band
 
     @property
     def exit_code(self) -> int:
-        return errors.DRIFT if self.status == DRIFT else errors.OK
+        return errors.DRIFT if self.status in (DRIFT, NO_DRAFTS, NO_BAND) else errors.OK
 
     @property
     def preferred(self) -> Forecast | None:
@@ -71,18 +76,24 @@ class Verdict:
         head = f"{self.status}: {self.deployed}, {w.requests} requests in {w.seconds:.0f} s"
         if self.status == IDLE:
             return f"{head}: no output tokens, nothing to compare"
+        if self.status == NO_DRAFTS:
+            return (f"{head}: {w.generated} output tokens and no drafts: the server is not speculating "
+                    f"(speculation off, or a misconfigured server); the deployed pick drafts up to {w.depth or '?'} "
+                    "a step")
         by = {m.metric: m for m in self.compared}
         parts = [_text(by[name], name in self.moved) for name in ("mean accepted length", "tokens/step")
-                 if name in by and (self.status == OK or name in self.moved)]
+                 if name in by and (self.status != DRIFT or name in self.moved)]
         pos = [m for m in self.compared if m.metric.startswith("position")]
-        if pos and (self.status == OK or any(m.metric in self.moved for m in pos)):
+        if pos and (self.status != DRIFT or any(m.metric in self.moved for m in pos)):
             out = [m.metric.split()[1] for m in pos if m.metric in self.moved]
             parts.append("acceptance by position " + (
                 f"{'/'.join(_f(m.study) for m in pos)} -> {'/'.join(_f(m.live) for m in pos)} "
                 f"(outside at {', '.join(out)})" if out else '/'.join(_f(m.live) for m in pos)))
-        if "in flight" in by and (self.status == OK or "in flight" in self.moved):
+        if "in flight" in by and (self.status != DRIFT or "in flight" in self.moved):
             parts.append(_text(by["in flight"], "in flight" in self.moved))
         text = f"{head}: {', '.join(parts)}"
+        if self.missing:
+            text += "; no band to judge " + "; ".join(self.missing)
         if self.at_live is not None and self.at_live.speedup is not None:
             then = f"{self.at_study.speedup:.2f}x" if self.at_study and self.at_study.speedup else "?"
             text += f"; forecast {self.at_live.speedup:.2f}x at the live acceptance (study {then}"
@@ -105,7 +116,7 @@ class Verdict:
                        "output_tok_s": w.generated / w.seconds, "restarted": w.restarted, "depth": w.depth},
             "compared": [{"metric": m.metric, "live": m.live, "study": m.study, "lo": m.lo, "hi": m.hi,
                           "change": m.change, "moved": m.metric in self.moved} for m in self.compared],
-            "moved": self.moved, "basis": self.basis,
+            "moved": self.moved, "missing": self.missing, "basis": self.basis,
             "forecast": {"at_live": fc(self.at_live), "at_study": fc(self.at_study),
                          "measured": self.measured_speedup},
             "preferred": fc(self.preferred), "ranking": [fc(f) for f in self.ranking]})
@@ -120,7 +131,8 @@ def _text(m: Moved, moved: bool) -> str:
         return f"{m.metric} {_f(m.live)} (study {_f(m.study)})"
     if not moved:
         return f"{m.metric} {_f(m.live)} (study {_f(m.lo)}-{_f(m.hi)})"
-    return f"{m.metric} {_f(m.study)} -> {_f(m.live)} ({m.change:+.0%}, outside {_f(m.lo)}-{_f(m.hi)})"
+    change = f"{m.change:+.0%}, " if math.isfinite(m.change) else "no live value, "
+    return f"{m.metric} {_f(m.study)} -> {_f(m.live)} ({change}outside {_f(m.lo)}-{_f(m.hi)})"
 
 
 def judge(d: Deployed, w: Window) -> Verdict:
@@ -132,12 +144,19 @@ def judge(d: Deployed, w: Window) -> Verdict:
                 .get("output_tok_s"))
     if w.idle:
         return v
+    if w.drafts <= 0:
+        v.status = NO_DRAFTS
+        return v
     exp = d.expected(w.requests)
     live = w.acceptance()
     rows = [Moved(f"position {i + 1}", x, b.value, b.lo, b.hi) for i, (x, b) in enumerate(zip(w.by_position(), exp.by_pos))]
     rows.append(_row("mean accepted length", live.mean_accepted_length, exp.mean_accepted_length))
     if exp.tokens_per_step is not None:
         rows.append(_row("tokens/step", live.tokens_per_step, exp.tokens_per_step))
+    else:
+        v.missing.append(f"tokens/step ({d.note or 'the study replays no per-step figure'})")
+    v.missing += [f"{r.metric} (the study replayed no drafts for it)" for r in rows if not _band(r).known]
+    rows = [r for r in rows if _band(r).known]
     levels = d.in_flight()
     if levels:
         lo, hi = min(levels), max(levels)
@@ -148,7 +167,7 @@ def judge(d: Deployed, w: Window) -> Verdict:
         v.compared, v.moved = rows + [row], [r.metric for r in rows if not _holds(r)] + (["in flight"] if moved else [])
     else:
         v.compared, v.moved = rows, [r.metric for r in rows if not _holds(r)]
-    v.status = DRIFT if v.moved else OK
+    v.status = DRIFT if v.moved else NO_BAND if v.missing else OK
     v.basis = exp.basis
     v.at_study, v.at_live, v.ranking = d.forecasts(live)
     return v
@@ -158,8 +177,12 @@ def _row(name: str, live: float, b: Band) -> Moved:
     return Moved(name, live, b.value, b.lo, b.hi)
 
 
+def _band(m: Moved) -> Band:
+    return Band(m.study, m.lo, m.hi)
+
+
 def _holds(m: Moved) -> bool:
-    return Band(m.study, m.lo, m.hi).holds(m.live)
+    return _band(m).holds(m.live)
 
 
 def parse_interval(text: str) -> float:
@@ -175,21 +198,31 @@ def parse_interval(text: str) -> float:
     return value
 
 
-def take(url: str) -> Scrape:
-    return parse_scrape(fetch_metrics(url), time.monotonic(), where=url.rstrip("/") + "/metrics")
+def take(url: str, retry_s: float = 0.0) -> Scrape:
+    """One scrape; a server that does not answer is tried again every RETRY_EVERY_S for ``retry_s``
+    seconds (a restart, a brief outage), then Unreachable: its own exit code, not bad input."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            return parse_scrape(fetch_metrics(url), time.monotonic(), where=url.rstrip("/") + "/metrics")
+        except Unreachable as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unreachable(f"{e}; tried for {retry_s:g} s (--retry-s)") from None
+            time.sleep(min(RETRY_EVERY_S, left))
 
 
 def watch(d: Deployed, url: str, *, interval_s: float, once: bool, say: Callable[[str], None],
-          as_json: bool = False, profile: Path | None = None) -> int:
+          as_json: bool = False, profile: Path | None = None, retry_s: float = 0.0) -> int:
     """Judge a window every ``interval_s`` (``once``: one window, then its exit code).
 
     With --once the window is two scrapes ``interval_s`` apart, never one scrape against zero: the
     counters are totals since the server started, so against zero the window would hold its
     warm-up and all traffic since start (yesterday's mix too), not what it serves now."""
-    prev = take(url)
+    prev = take(url, retry_s)
     while True:
         time.sleep(interval_s)
-        cur = take(url)
+        cur = take(url, retry_s)
         v = judge(d, window(prev, cur))
         prev = cur
         say(json.dumps(v.to_dict()) if as_json else v.line())

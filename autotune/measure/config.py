@@ -47,7 +47,7 @@ class StudyConfig:
     remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
     prune: bool = False  # stop a candidate after its first window when it cannot reach the best (the CLI: on)
     past_edge: bool = False  # predict: measure one step past an edge the best sits on when its forecast clears the noise
-    pairs: int = 1  # rounds of fresh engines at most, added while the pick's paired interval straddles the tie band
+    pairs: int = 3  # rounds of fresh engines: at least this many (up to 3), more while the pick's interval straddles the tie band
     schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.study.schedule; the CLI: on)
     # Fork each trial's worker and its `vllm serve` from one process that imported vLLM once
     # (autotune.run.launcher; a served start of ~2 s instead of ~35, benchmarks/data/launcher_start.json; the CLI: on)

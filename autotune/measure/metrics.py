@@ -244,29 +244,24 @@ def _pooled_acceptance(first: dict[str, Any], again: dict[str, Any]) -> dict[str
     return {**acceptance(c), "spec_accepted_per_pos": per_pos}
 
 
-def paired_interval(cand: list[list[float]], base: list[list[float]], *, level: float = 0.95, draws: int = 2000,
-                    seed: int = 0) -> tuple[float, float, float, int]:
-    """The speedup of ``cand`` over ``base`` with engine instances as the unit: instances are paired
-    from the most recent back (each pair measured side by side), pairs are resampled, then windows
-    within each resampled instance; the ratio is median(cand windows) / median(base windows), as the
-    reported speedup. Returns (ratio, lo, hi, pairs). With one pair the interval is that pair's
-    window bootstrap; it widens to the spread between pairs as pairs are added, and narrows only
-    as they agree."""
-    pairs = list(zip(reversed(cand), reversed(base)))
-    pairs = [(c, b) for c, b in pairs if c and b and min(b) > 0]
+def paired_interval(cand: list[list[float]], base: list[list[float]], *, level: float = 0.95,
+                    ) -> tuple[float, float, float, int]:
+    """The speedup of ``cand`` over ``base`` with engine instances as the unit, from the measurements
+    that did not select it. Each side's first instance is left out: the candidate's is the trial that
+    won the selection (its figure would carry the winner's curse), the baseline's ran a study apart.
+    The rest are re-measurement rounds, paired from the most recent back (each pair measured side by
+    side, in ABBA order over rounds: autotune.study.remeasure); each pair's ratio is median(cand
+    windows) / median(base windows), and the figure exp(mean log ratio) with a t-interval on the log
+    ratios (autotune.measure.intervals: a bootstrap over 2-3 pairs does not reach its coverage).
+    Returns (ratio, lo, hi, pairs); one pair: no interval (lo, hi NaN); none: all NaN, 0."""
+    from autotune.measure.intervals import paired_t
+
+    pairs = [(c, b) for c, b in zip(reversed(cand[1:]), reversed(base[1:])) if c and b and min(b) > 0]
     if not pairs:
         return float("nan"), float("nan"), float("nan"), 0
-    allc, allb = [x for c, _ in pairs for x in c], [x for _, b in pairs for x in b]
-    point = float(np.median(allc) / np.median(allb))
-    rng = np.random.default_rng(seed)
-    ratios = np.empty(draws)
-    for i in range(draws):
-        pick = rng.integers(0, len(pairs), len(pairs))
-        c = np.concatenate([rng.choice(pairs[j][0], len(pairs[j][0])) for j in pick])
-        b = np.concatenate([rng.choice(pairs[j][1], len(pairs[j][1])) for j in pick])
-        ratios[i] = np.median(c) / np.median(b)
-    tail = (1 - level) / 2 * 100
-    return point, float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail)), len(pairs)
+    r, lo, hi, n = paired_t([float(np.median(c)) for c, _ in pairs], [float(np.median(b)) for _, b in pairs],
+                            level=level)
+    return r, lo, hi, n
 
 
 def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95, draws: int = 2000,

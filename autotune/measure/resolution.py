@@ -1,6 +1,7 @@
 """How finely a study could tell configs apart: the pick's speedup over the baseline with engine
-instances as the unit (paired fresh instances, measured side by side), and the pick over the
-runner-up. Pure functions of two measurements; the study loop adds pairs until ``decided``.
+instances as the unit (paired fresh instances, measured side by side, the trial that selected the
+pick left out), and the pick over the runner-up. Pure functions of two measurements; the study loop
+adds pairs, at least ``FIGURE_PAIRS``, until ``decided``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from autotune.measure.metrics import instances_of, paired_interval, ratio_interv
 # Differences inside 1 +- this are ties: no decision rests on them (the pick over the baseline is
 # decided once its paired interval lies outside the band).
 TIE_BAND = 0.03
+# Re-measurement pairs the pick's figure rests on at least (--pairs, default this many): a t-interval
+# on 2 pairs has t(1) = 12.7, on 3 t(2) = 4.3, so 3 is the fewest that can decide anything.
+FIGURE_PAIRS = 3
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,18 @@ class Resolution:
 
     def line(self) -> str:
         """One line for the console and report.md."""
+        if self.resolution is None or not math.isfinite(self.resolution):  # NaN; None once in best.json
+            return (f"resolution: the pick over the baseline {self.speedup:.2f}x on {self.pairs} pair(s) of fresh "
+                    "engine instances (the selecting trial left out): no interval, too few pairs to tell anything "
+                    f"apart (--pairs {FIGURE_PAIRS} or more)")
         iv = f"{self.speedup:.2f}x [{self.lo:.2f}-{self.hi:.2f}]"
-        text = (f"resolution: the pick over the baseline {iv} on {self.pairs} pair(s) of fresh engine instances; "
-                f"differences under {self.resolution:.0%} cannot be told apart here")
+        text = (f"resolution: the pick over the baseline {iv} on {self.pairs} pair(s) of fresh engine instances "
+                f"(95% t-interval over paired instances, the selecting trial left out); differences under "
+                f"{self.resolution:.0%} cannot be told apart here")
         r = self.runner_up
         if r:
-            text += (f"; over the runner-up ({r['label']}) {r['ratio']:.2f}x [{r['lo']:.2f}-{r['hi']:.2f}]"
+            text += (f"; over the runner-up ({r['label']}) {r['ratio']:.2f}x [{r['lo']:.2f}-{r['hi']:.2f}] (windows "
+                     "of one instance each)"
                      + ("" if r["decided"] else ", a tie at this resolution"))
         return text
 

@@ -9,6 +9,15 @@ from autotune.core.candidate import schedule_text
 from autotune.measure.resolution import Resolution
 
 
+def _iv(s: dict[str, Any]) -> str:
+    """The speedup's 95% interval and its unit (autotune.measure.intervals), where it has one."""
+    lo, hi = s.get("output_tok_s_lo"), s.get("output_tok_s_hi")
+    if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)) or lo != lo:
+        return ""
+    unit = s.get("output_tok_s_unit") or ("paired instances" if s.get("output_tok_s_pairs") else "windows")
+    return f" [{lo:.2f}-{hi:.2f}] (95% interval over {unit})"
+
+
 def markdown(report: dict[str, Any], frame: Any) -> str:
     """A short human report of the study."""
     lines = [f"# autotune study `{report['study']}`", "",
@@ -19,7 +28,8 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
         s = best["speedup"] or {}
         lines += [f"**Best:** trial {best['trial']} `{best['label']}`: "
                   f"{best['measurement']['output_tok_s']:.1f} output tok/s, "
-                  f"{(s.get('output_tok_s') or float('nan')):.2f}x the baseline; verdict: {best['verdict']['reason']}.", "",
+                  f"{(s.get('output_tok_s') or float('nan')):.2f}x the baseline{_iv(s)}; verdict: "
+                  f"{best['verdict']['reason']}.", "",
                   "```", report.get("serve_command", ""), "```", ""]
     else:
         lines += ["**No feasible configuration was found.**", ""]

@@ -30,6 +30,7 @@ class ClientPlan:
     rows: list[dict[str, Any]]
     flags: list[str]
     notes: list[str] = field(default_factory=list)
+    warmup: dict[str, Any] = field(default_factory=dict)  # autotune.serve.warmup: sent before, never measured
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,10 +120,14 @@ def client_plan(requests: list[Any], *, load: str | None, render: Callable[[list
     lf, ln = load_flags(load, requests=requests, seed=seed)
     flags += ["--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "custom",
               "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle", "--no-oversample",
-              "--num-prompts", str(len(rows)), "--num-warmups", str(warmups), *lf,
+              # vLLM's client warms on (and ready-checks with) the first measured request: never; the
+              # warm-up is autotune.serve.warmup's, outside the measured set
+              "--num-prompts", str(len(rows)), "--num-warmups", "0", "--ready-check-timeout-sec", "0", *lf,
               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
               "--disable-tqdm"]
-    return ClientPlan(rows=rows, flags=flags, notes=notes + ln)
+    from autotune.serve.warmup import warmup_spec
+
+    return ClientPlan(rows=rows, flags=flags, notes=notes + ln, warmup=warmup_spec(rows, warmups))
 
 
 # ---------------------------------------------------------------------------------------------

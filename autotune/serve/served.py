@@ -10,16 +10,16 @@ from typing import Any
 
 from autotune.serve.bench_client import _num
 
-AGREE = "agree"
-
-
+AGREE = "agree"  # what confirm wrote before round 4 (a point ratio within 5%); still read
 
 
 def _fmt(x: float, lo: float | None, hi: float | None) -> str:
     return f"{x:.2f}x" + (f" [{lo:.2f}-{hi:.2f}]" if lo is not None and hi is not None else "")
 
 
-AGREE_WITHIN = 0.05  # claimed/served inside 1 +- this is agreement; overlapping intervals are not
+AGREE_WITHIN = 0.05  # claimed/served inside 1 +- this, its whole interval, is agreement within 5%
+# The claimed/served verdict, decided on the interval (never the point ratio): its first word.
+WITHIN, CONSISTENT, DIFFER = f"within {AGREE_WITHIN:.0%}", "consistent", "differ"
 
 
 def claim_ratio(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None]
@@ -33,18 +33,24 @@ def claim_ratio(served: tuple[float, float | None, float | None], claimed: tuple
     return c / s, c_lo / s_hi, c_hi / s_lo
 
 
-def verdict(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None]
-            ) -> str:
-    """``agree`` where the claim lies within 5% of the served speedup (claimed/served in
-    0.95-1.05); else one line giving claimed/served with its interval and which lies above.
-    Overlapping intervals alone are no agreement: with 3 rounds a side they overlap at 20% apart."""
+def verdict(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None],
+            *, resolution: float | None = None, rounds: int | None = None) -> str:
+    """One line, decided on the claimed/served interval: ``within 5%`` when it lies inside 1 +- 5%,
+    ``consistent`` when it contains 1 (the two cannot be told apart at this resolution),
+    ``differ`` when it excludes 1; with the interval and confirm's own resolution (the relative
+    half-width of the served interval over ``rounds``). A point ratio near 1 with a wide interval
+    is no agreement, and overlapping intervals alone are none either."""
     r, lo, hi = claim_ratio(served, claimed)
-    if abs(r - 1) <= AGREE_WITHIN:
-        return AGREE
-    where = "above" if r > 1 else "below"
-    return (f"the claimed {_fmt(claimed[0], *claimed[1:])} (the study's) lies {abs(r - 1):.0%} {where} the served "
-            f"{_fmt(served[0], *served[1:])}: claimed/served {r:.2f} [{lo:.2f}-{hi:.2f}], outside "
-            f"1 +- {AGREE_WITHIN:.0%}")
+    if 1 - AGREE_WITHIN <= lo and hi <= 1 + AGREE_WITHIN:
+        word, why = WITHIN, f"the interval lies inside 1 +- {AGREE_WITHIN:.0%}"
+    elif lo <= 1 <= hi:
+        word, why = CONSISTENT, "the interval contains 1: no difference can be told"
+    else:
+        word, why = DIFFER, f"the interval excludes 1: the claim lies {'above' if r > 1 else 'below'} the served figure"
+    res = (f"confirm resolves +-{resolution:.0%}" if resolution is not None else "confirm has no interval of its own")
+    res += f" over {rounds} served round(s) a side" if rounds else ""
+    return (f"{word}: claimed {_fmt(claimed[0], *claimed[1:])} (the study's), served {_fmt(served[0], *served[1:])}: "
+            f"claimed/served {r:.2f} [{lo:.2f}-{hi:.2f}], {why}; {res}")
 
 
 def _how(servers: str | None) -> str:
@@ -65,10 +71,10 @@ def served_line(report: dict[str, Any]) -> str | None:
     claim = f"; claimed by the study {_fmt(c['speedup'], c.get('lo'), c.get('hi'))}" if _num(c.get("speedup")) else ""
     line = (f"served: {_fmt(sv['speedup'], sv.get('speedup_lo'), sv.get('speedup_hi'))} the baseline's output "
             f"tok/s (vllm serve + vllm bench serve, {sv['rounds']} round(s) a side{_how(sv.get('servers'))}, "
-            "95% interval over rounds)"
+            f"95% interval over {sv.get('interval_unit') or 'rounds'})"
             f"{claim}")
     v = report.get("served_vs_claimed")
-    if v == AGREE and _num(c.get("speedup")):
+    if v == AGREE and _num(c.get("speedup")):  # written before round 4: a point ratio within 5%
         return line + f": claimed/served {c['speedup'] / sv['speedup']:.2f}, within {AGREE_WITHIN:.0%}"
     return line + (f": {v}" if v else "")
 
@@ -128,7 +134,7 @@ def compare_served(new: dict[str, Any], old: dict[str, Any]) -> ServedComparison
         if hi < 1:
             reasons.append(f"the new pick is slower than its baseline when served: {_fmt(n, n_lo, n_hi)} "
                            "(vllm serve + vllm bench serve)")
-        if new.get("served_vs_claimed") not in (None, AGREE):
+        if new.get("served_vs_claimed") not in (None, AGREE) and not new["served_vs_claimed"].startswith(WITHIN):
             notes.append(new["served_vs_claimed"])
     o, o_lo, o_hi = vals["old"]
     ratio = n / o if n is not None and o is not None and o > 0 else None

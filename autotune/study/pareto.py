@@ -115,24 +115,28 @@ def pick_best(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Fr
     return c.trial if c else None
 
 
-def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """Ratios to the baseline, each > 1 when the candidate is better; the throughput ratio with its
-    95% bootstrap interval over the measured windows (``output_tok_s_lo`` .. ``_hi``).
+    95% interval (``output_tok_s_lo`` .. ``_hi``) and the unit it is over (``output_tok_s_unit``).
 
-    Where both were measured on fresh engines in rounds (the pick and the baseline), the throughput
-    ratio is that of the pairs measured side by side (autotune.measure.metrics.paired_interval), engine
-    instances the unit: pooling every baseline instance instead would let the machine's drift over
-    the study into the ratio (the baseline's first engine runs minutes before the pick's). The
-    pooled ratio stays as ``output_tok_s_pooled``."""
+    Where both were measured again on fresh engines in rounds (the pick and the baseline), the
+    throughput ratio is that of the re-measurement pairs alone (autotune.measure.metrics.paired_interval,
+    unit: paired instances): the trial that selected the pick never enters its figure (no winner's
+    curse), and pooling every baseline instance instead would let the machine's drift over the study
+    into the ratio. The pooled ratio stays as ``output_tok_s_pooled``. Otherwise the bootstrap over
+    the windows of one instance each (unit: windows of one instance, far narrower than instances
+    differ)."""
+    from autotune.measure.intervals import UNIT_PAIRS, UNIT_WINDOWS
+
     def ratio(a: float, b: float) -> float:
         return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
     lo, hi = ratio_interval(m.get("output_tok_s_windows", []), base.get("output_tok_s_windows", []))
     point = ratio(m["output_tok_s"], base["output_tok_s"])
-    paired = {}
+    paired: dict[str, Any] = {"output_tok_s_unit": UNIT_WINDOWS}
     if len(instances_of(m)) > 1 and len(instances_of(base)) > 1:
         r, p_lo, p_hi, pairs = paired_interval(instances_of(m), instances_of(base))
         if pairs and math.isfinite(r):
-            paired = {"output_tok_s_pooled": point, "output_tok_s_pairs": pairs}
+            paired = {"output_tok_s_pooled": point, "output_tok_s_pairs": pairs, "output_tok_s_unit": UNIT_PAIRS}
             point, lo, hi = r, p_lo, p_hi
     out = {"output_tok_s": point, **paired,
            "output_tok_s_lo": lo, "output_tok_s_hi": hi,

@@ -41,10 +41,11 @@ def queue_remeasure(study: optuna.Study, pairs: int = 1) -> bool:
     baseline's pool each new instance's windows (autotune.measure.metrics.pool), so the pick's interval
     includes the spread between engine instances. Rounds go on, up to ``pairs``, while the pick's
     speedup over the baseline, with instance pairs as the unit (autotune.measure.resolution), still
-    straddles the tie band. True if queued."""
+    straddles the tie band, after at least FIGURE_PAIRS (the pick's figure leaves out the trial that
+    selected it, so it rests on these rounds alone). True if queued."""
     from autotune.study.pareto import choose
     from autotune.study.trials import reference_trial
-    from autotune.measure.resolution import resolve
+    from autotune.measure.resolution import FIGURE_PAIRS, resolve
 
     trials = study.get_trials(deepcopy=False)
     again = [t for t in trials if attrs.role(t) == attrs.REMEASURE and not attrs.is_interrupted(t)]
@@ -66,7 +67,8 @@ def queue_remeasure(study: optuna.Study, pairs: int = 1) -> bool:
             return False  # a pooled pick stands unless another beats it outright (not a tie)
     else:
         res = resolve(attrs.measurement(chosen), attrs.measurement(base))
-        if rounds >= pairs or res is None or res.decided:
+        # the figure needs FIGURE_PAIRS pairs besides the selecting trial; more only while undecided
+        if rounds >= pairs or (rounds >= FIGURE_PAIRS and (res is None or res.decided)):
             return False
     # ABBA over rounds: with the first measurements (baseline first), round 1 runs the pick's fresh
     # engine first, round 2 the baseline's, and so on, so a drift of the machine's speed over the
