@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.core.candidate import Candidate, Settings
-from test_gpu_space_valid import _DEEPSEEK_MTP, _LLAMA, gpu_space
+from autotune.core.candidate import Candidate
+from test_gpu_space_valid import gpu_space, placeholder_models
 
 HERE = Path(__file__).resolve().parent
 NO_FLASH_ATTN = {"eagle", "eagle3", "mtp"}  # drafts whose architecture inspection imports vllm.vllm_flash_attn
@@ -26,13 +26,7 @@ NO_FLASH_ATTN = {"eagle", "eagle3", "mtp"}  # drafts whose architecture inspecti
 
 @pytest.fixture
 def combos(tmp_path):
-    for name, cfg in (("target", _LLAMA), ("draft", _LLAMA), ("eagle_head", _LLAMA), ("eagle3_head", _LLAMA),
-                      ("mtp_target", _DEEPSEEK_MTP)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
-    settings = Settings(model=str(tmp_path / "target"), draft_model=str(tmp_path / "draft"),
-                        eagle_head=str(tmp_path / "eagle_head"), eagle3_head=str(tmp_path / "eagle3_head"))
-    mtp = Settings(model=str(tmp_path / "mtp_target"))
+    settings, mtp = placeholder_models(tmp_path)
     space = gpu_space()
     modes = next(p for p in space.params if p.name == "cudagraph_mode").choices
     methods = next(p for p in space.params if p.name == "method").choices

@@ -115,14 +115,7 @@ def v(tmp_path_factory):
         if not arctic:  # suffix decoding's config check asks for the package; its values are what is tested
             mp.setattr(speculative, "has_arctic_inference", lambda: True)
 
-        root = tmp_path_factory.mktemp("placeholder_models")
-        for name, cfg in (("target", _LLAMA), ("draft", _LLAMA), ("eagle_head", _LLAMA), ("eagle3_head", _LLAMA),
-                          ("mtp_target", _DEEPSEEK_MTP)):
-            (root / name).mkdir()
-            (root / name / "config.json").write_text(json.dumps(cfg))
-        settings = Settings(model=str(root / "target"), draft_model=str(root / "draft"),
-                            eagle_head=str(root / "eagle_head"), eagle3_head=str(root / "eagle3_head"))
-        mtp_settings = Settings(model=str(root / "mtp_target"))
+        settings, mtp_settings = placeholder_models(tmp_path_factory.mktemp("placeholder_models"))
         assert "mtp_layers" in mtp_settings.available_models()  # autotune offers mtp for it, as vLLM drafts from it
 
         spec_fields = {f.name for f in dataclasses.fields(SpeculativeConfig) if f.init} - {
@@ -360,3 +353,15 @@ def test_a_typo_in_a_copy_of_gpu_yaml_fails(v, tmp_path, param):
         with pytest.raises(Invalid, match=str(typo)):
             check(v, c)
     check(v, next(c for c in space.grid() if c.params.get(param) not in (None, typo)))  # the rest still pass
+
+
+def placeholder_models(root: Path) -> tuple[Settings, Settings]:
+    """config.json-only stand-ins for every model the gpu space names (a Llama target, draft and heads;
+    a DeepSeek target with MTP layers): the settings with all of them, and the MTP target's."""
+    for name, cfg in (("target", _LLAMA), ("draft", _LLAMA), ("eagle_head", _LLAMA), ("eagle3_head", _LLAMA),
+                      ("mtp_target", _DEEPSEEK_MTP)):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(cfg))
+    return (Settings(model=str(root / "target"), draft_model=str(root / "draft"),
+                     eagle_head=str(root / "eagle_head"), eagle3_head=str(root / "eagle3_head")),
+            Settings(model=str(root / "mtp_target")))
