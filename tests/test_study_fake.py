@@ -56,6 +56,7 @@ def test_failures_become_failed_trials_and_the_study_completes(tmp_path, fake_en
     assert report["best"]["trial"] == 4 and report["best"]["speedup"]["output_tok_s"] > 2
     frame = pd.read_csv(c.results_dir / "trials.csv")
     assert list(frame["state"]) == ["COMPLETE", "FAIL", "FAIL", "FAIL", "COMPLETE"]
+    assert set(frame["schema_version"]) == {report["schema_version"]} == {3}  # one bump for both files
     assert frame.loc[1, "failure"].startswith("RuntimeError: fake engine init failed")
     for name in ("study.db", "trials.csv", "pareto.csv", "best.json", "serve.sh", "report.md"):
         assert (c.results_dir / name).is_file(), name

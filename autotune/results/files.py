@@ -161,6 +161,7 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
 
     results_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(study)
+    frame["schema_version"] = SCHEMA_VERSION  # trials.csv's columns change with best.json's schema (core.study_report)
     frame.to_csv(results_dir / "trials.csv", index=False)
     parquet_safe(frame).to_parquet(results_dir / "trials.parquet", engine="pyarrow", index=False)
     (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
