@@ -15,13 +15,12 @@ from autotune.core import attrs
 
 
 def _instances(study: Any, trial: Any) -> list[str]:
-    """``started`` of every engine instance a trial's current record pools (its first engine, then re-measurements)."""
-    from autotune.study.trials import first_record
+    """``started`` of every engine instance a trial's current record pools (its first engine, then each
+    re-measurement round, which pools the round before it)."""
+    from autotune.study.trials import record_chain
 
-    first = first_record(study, trial)
-    chain = [first] + [t for t in study.get_trials(deepcopy=False)
-                       if t.user_attrs.get(attrs.REMEASURE_OF) == first.number and attrs.MEASUREMENT in t.user_attrs]
-    return [str(attrs.measurement(t).get("started") or "unknown") for t in chain]
+    return [str(attrs.measurement(t).get("started") or "unknown") for t in record_chain(study, trial)
+            if attrs.MEASUREMENT in t.user_attrs]
 
 
 def started_report(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:

@@ -75,12 +75,19 @@ def latest(study: optuna.Study, t: FrozenTrial | None) -> FrozenTrial | None:
     return t if n == t.number else next(x for x in study.get_trials(deepcopy=False) if x.number == n)
 
 
+def record_chain(study: optuna.Study, t: FrozenTrial) -> list[FrozenTrial]:
+    """``t``'s config's records up to ``t``, its first engine first: each re-measurement round pools
+    the record before it (``REMEASURE_OF``), so the chain is one trial per engine instance."""
+    trials = {x.number: x for x in study.get_trials(deepcopy=False)}
+    chain = [t]
+    while attrs.REMEASURE_OF in chain[-1].user_attrs and chain[-1].user_attrs[attrs.REMEASURE_OF] in trials:
+        chain.append(trials[chain[-1].user_attrs[attrs.REMEASURE_OF]])
+    return chain[::-1]
+
+
 def first_record(study: optuna.Study, t: FrozenTrial) -> FrozenTrial:
     """The trial that measured ``t``'s config on its first engine (``t`` itself unless a re-measurement)."""
-    trials = {x.number: x for x in study.get_trials(deepcopy=False)}
-    while attrs.REMEASURE_OF in t.user_attrs and t.user_attrs[attrs.REMEASURE_OF] in trials:
-        t = trials[t.user_attrs[attrs.REMEASURE_OF]]
-    return t
+    return record_chain(study, t)[0]
 
 
 def reference_trial(study: optuna.Study) -> FrozenTrial | None:
