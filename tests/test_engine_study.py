@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -18,6 +19,8 @@ from autotune import demo
 from autotune.run import hardware
 from autotune.cli.app import app
 from autotune.core.study_report import load_report
+from autotune.measure.intervals import UNIT_PAIRS, UNIT_WINDOWS
+from autotune.measure.metrics import instances_of
 
 pytestmark = pytest.mark.engine
 
@@ -104,10 +107,20 @@ def test_second_load_level_and_noisy_candidates_remeasured(study_dir):
             assert m["windows"] == 3 or not m["noisy"]
             assert m["remeasured_windows"] == m["windows"] - 2
         assert len(m["output_tok_s_windows"]) == m["windows"]
-        # The bootstrap interval lies between the extreme window ratios.
-        c, b = m["output_tok_s_windows"], report["baseline"]["measurement"]["output_tok_s_windows"]
         s = e["speedup"]
-        assert min(c) / max(b) <= s["output_tok_s_lo"] <= s["output_tok_s_hi"] <= max(c) / min(b)
+        if s["output_tok_s_unit"] == UNIT_WINDOWS:
+            # The bootstrap over one instance's windows lies between the extreme window ratios.
+            c, b = m["output_tok_s_windows"], report["baseline"]["measurement"]["output_tok_s_windows"]
+            assert min(c) / max(b) <= s["output_tok_s_lo"] <= s["output_tok_s_hi"] <= max(c) / min(b)
+        else:
+            # The pick's figure is over re-measurement pairs: a t-interval on 2-3 pair ratios, wider
+            # than the window ratios can be (t with 1-2 degrees of freedom), around the pairs' figure,
+            # which lies between the extreme pair ratios.
+            assert s["output_tok_s_unit"] == UNIT_PAIRS and s["output_tok_s_pairs"] >= 2
+            ci, bi = instances_of(m), instances_of(report["baseline"]["measurement"])
+            ratios = [np.median(c) / np.median(b) for c, b in zip(reversed(ci[1:]), reversed(bi[1:]))]
+            assert min(ratios) - 1e-9 <= s["output_tok_s"] <= max(ratios) + 1e-9
+            assert s["output_tok_s_lo"] <= s["output_tok_s"] <= s["output_tok_s_hi"]
 
 
 def test_best_json_agrees_with_trials_csv(study_dir):
