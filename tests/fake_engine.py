@@ -22,6 +22,10 @@ so a test's run is reproducible and two fresh engines of one config differ, as r
   request's temperature times a scale: 1.3 for a lossy (fp8 KV) config (lossy on purpose), the
   planted fault's ``temperature_scale`` (tests/faulty_engine.py's ``AUTOTUNE_TEST_FAULT``), and ``AUTOTUNE_FAKE_SHIFT`` for speculative configs (a
   broken speculative sampler; unset: a correct one, which keeps its config's law).
+``AUTOTUNE_FAKE_FIRST_SHIFT`` (nats) gives every draw's first token a near-tie: logits 0, -0.05, -2,
+-2.5, ... (over the request's temperature); in speculative configs the top two move apart by it,
+the first up and the second down by half (a numerics move of the first token when it is at most the
+dtype's near-tie threshold, autotune.measure.sampled_band; a fault well past it).
 ``AUTOTUNE_FAKE_FLIPS`` (JSON, ``{"near": [request indices], "confident": [...]}``) plants greedy flips
 in speculative configs' outputs, halfway through those requests: the runner-up token (its id plus
 50) instead of the baseline's, and other tokens after it. Every config's scores put that runner-up
@@ -97,7 +101,10 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
         levels[lvl["label"]] = _windows(job, lambda cost=cost: _window(job, cost, drift, phase, scale()))
     shift = (1.3 if drift else 1.0) * json.loads(os.environ.get(FAULT_ENV) or "{}").get("temperature_scale", 1.0) * \
         (float(os.environ.get("AUTOTUNE_FAKE_SHIFT", "1")) if spec else 1.0)
-    samples = {r["id"]: [_draw(rng, r["sampling"]["temperature"] * shift, job["replay"].get("sample_tokens", 24))
+    first = os.environ.get("AUTOTUNE_FAKE_FIRST_SHIFT")
+    first_shift = None if first is None else (float(first) if spec else 0.0)
+    samples = {r["id"]: [_draw(rng, r["sampling"]["temperature"] * shift, job["replay"].get("sample_tokens", 24),
+                               first_shift)
                          for _ in range(job["replay"].get("samples", 0))]
                for r in job["requests"] if r["sampling"].get("temperature", 0) > 0}
     return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": windows,
@@ -147,10 +154,15 @@ def _planted_flip(job: dict[str, Any], rid: str, kinds: tuple[str, ...] = ("near
     return None if kind is None or req is None else (kind, req["sampling"]["max_tokens"] // 2)
 
 
-def _draw(rng: random.Random, temperature: float, length: int) -> list[int]:
-    """One sampled draw: ``length`` tokens, each from a law over 6 tokens, p ~ exp(-k / temperature)."""
+def _draw(rng: random.Random, temperature: float, length: int, first_shift: float | None = None) -> list[int]:
+    """One sampled draw: ``length`` tokens, each from a law over 6 tokens, p ~ exp(-k / temperature);
+    with ``first_shift`` (AUTOTUNE_FAKE_FIRST_SHIFT) the first from near-tied logits moved by it."""
     weights = [math.exp(-k / temperature) for k in range(6)]
-    return rng.choices(range(6), weights, k=length)
+    if first_shift is None:
+        return rng.choices(range(6), weights, k=length)
+    logits = [first_shift / 2, -0.05 - first_shift / 2, -2.0, -2.5, -3.0, -3.5]
+    head = rng.choices(range(6), [math.exp(x / temperature) for x in logits], k=1)
+    return head + rng.choices(range(6), weights, k=length - 1)
 
 
 def _depth(spec: dict[str, Any]) -> Any:

@@ -44,7 +44,9 @@ class TwoSampleResult:
         return self.p_value < alpha
 
 
-def _table_stat(a: Sequence[Hashable], b: Sequence[Hashable], min_count: int) -> tuple[float, int]:
+def outcome_rows(a: Sequence[Hashable], b: Sequence[Hashable], min_count: int) -> list[list[int]]:
+    """The (count in a, count in b) cells of one table, outcomes seen fewer than ``min_count`` times
+    over both sides pooled into one "other" cell (autotune.measure.sampled_band tests the same cells)."""
     ca, cb = Counter(a), Counter(b)
     cells: dict[Hashable, list[int]] = {}
     other = [0, 0]
@@ -55,7 +57,11 @@ def _table_stat(a: Sequence[Hashable], b: Sequence[Hashable], min_count: int) ->
         else:
             other[0] += pair[0]
             other[1] += pair[1]
-    rows = list(cells.values()) + ([other] if sum(other) else [])
+    return list(cells.values()) + ([other] if sum(other) else [])
+
+
+def _table_stat(a: Sequence[Hashable], b: Sequence[Hashable], min_count: int) -> tuple[float, int]:
+    rows = outcome_rows(a, b, min_count)
     if len(rows) < 2:
         return 0.0, 0  # one outcome only: both sides agree, nothing to test
     na, nb = len(a), len(b)
@@ -176,12 +182,26 @@ def sampler_test(base: dict[str, list[list[int]]], cand: dict[str, list[list[int
     of the time. Draws of ``head`` tokens or fewer give exactly the two-feature test of before.
     Returns (flagged, smallest p-value times m capped at 1, draws per side).
     """
+    ps = feature_pvalues(base, cand, head=head)
+    p = min(1.0, len(ps) * min(ps))
+    return p < alpha, p, sum(len(cand[k]) for k in cand if k in base)
+
+
+def head_outcomes(base: dict[str, list[list[int]]], cand: dict[str, list[list[int]]], width: int
+                  ) -> list[tuple[str, list[tuple[int, ...]], list[tuple[int, ...]]]]:
+    """Per request both engines drew for: (id, baseline outcomes, candidate outcomes), an outcome
+    being a draw's first ``width`` tokens."""
+    return [(k, [tuple(x[:width]) for x in base[k]], [tuple(x[:width]) for x in cand[k]]) for k in cand if k in base]
+
+
+def feature_pvalues(base: dict[str, list[list[int]]], cand: dict[str, list[list[int]]], *,
+                    head: int = HEAD_TOKENS) -> list[float]:
+    """``sampler_test``'s features, uncombined: the first token, the first ``head`` jointly, and
+    (where draws are longer) the later tokens (``occupancy_test``)."""
+    first = two_sample_test([(a, b) for _, a, b in head_outcomes(base, cand, 1)])
+    joint = two_sample_test([(a, b) for _, a, b in head_outcomes(base, cand, head)])
     keys = [k for k in cand if k in base]
-    first = two_sample_test([([tuple(x[:1]) for x in base[k]], [tuple(x[:1]) for x in cand[k]]) for k in keys])
-    joint = two_sample_test([([tuple(x[:head]) for x in base[k]], [tuple(x[:head]) for x in cand[k]])
-                             for k in keys])
     ps = [first.p_value, joint.p_value]
     if any(len(x) > head for k in keys for x in (*base[k], *cand[k])):
         ps.append(occupancy_test([(base[k], cand[k]) for k in keys], start=head).p_value)
-    p = min(1.0, len(ps) * min(ps))
-    return p < alpha, p, sum(len(cand[k]) for k in keys)
+    return ps

@@ -6,7 +6,8 @@ baseline's margin there (autotune.measure.nearties): a near-tie flip is numerics
 change numerics on purpose: their drift from the baseline is gated by ``max_drift`` (token
 agreement) and by ``max_logprob_drift``: both engines score the baseline's greedy tokens
 teacher-forced (autotune.run.engine), and the per-token log-probs are compared.
-Sampled requests are judged by a two-sample test of their output distribution (autotune.measure.stats).
+Sampled requests are judged by a two-sample test of their output distribution (autotune.measure.stats),
+where the first tokens may move within the dtype's numerics (autotune.measure.sampled_band).
 A lossy config *with* speculation is judged twice, and must pass both: its speculation against the
 same lossy config without speculation (``Unspeculated``: greedy tokens and sampled draws, held to
 the lossless rules), and its lossy part against the baseline by drift. The baseline alone cannot
@@ -25,7 +26,8 @@ from typing import Any
 
 from autotune.measure.metrics import complete
 from autotune.measure.nearties import FlipCount, Threshold, dtype_threshold, flip_gap, judge_flips
-from autotune.measure.stats import DEFAULT_ALPHA, sampler_test
+from autotune.measure.sampled_band import SampledVerdict, judge_samples, temperatures_of
+from autotune.measure.stats import DEFAULT_ALPHA
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ class Verdict:
     near_tie_threshold: float | None = None
     near_tie_source: str = ""
     flip_margins: tuple[float, ...] = ()  # the reference's margin at each scored first divergence
+    # The distribution test with the first tokens allowed to move within the numerics band
+    # (autotune.measure.sampled_band; None: not run). Below alpha: a fault; distribution_p alone below
+    # it: numerics, passed and said.
+    distribution_p_band: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -335,6 +341,8 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     split = lossy and speculative and base is not None
     twin_missing = _twin_problem(unspeculated, requests) if split else None
     dist_p, n_draws, dist_gap, spec_agree = None, 0, 0.0, None
+    sv: SampledVerdict | None = None
+    dist_p_band: float | None = None
     if split and unspeculated is not None and twin_missing is None:
         # Speculation alone is lossless, so it must keep the lossy config's own tokens and sampler:
         # the same checks a lossless candidate meets against the baseline.
@@ -349,18 +357,18 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
             reasons.append(f"greedy mismatch against the same config without speculation (speculation should "
                            f"be lossless): {why}")
         if samples and unspeculated.samples:
-            flagged, dist_p, n_draws = sampler_test(unspeculated.samples, samples, alpha=tol.alpha)
-            if flagged:
-                dist_gap = tol.alpha - dist_p
-                reasons.append(f"sampled outputs differ in distribution from the same config without speculation "
-                               f"(distribution test p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
+            sv = judge_samples(unspeculated.samples, samples, temperatures_of(requests), th, alpha=tol.alpha)
+            if sv.flagged:
+                dist_gap = tol.alpha - sv.p_band
+                reasons.append(sv.failure("the same config without speculation"))
     elif not split and base is not None and samples and base_samples:
-        flagged, dist_p, n_draws = sampler_test(base_samples, samples, alpha=tol.alpha)
+        sv = judge_samples(base_samples, samples, temperatures_of(requests), th, alpha=tol.alpha)
         # Speculation must keep the sampler's distribution; lossy configs are judged by drift alone.
-        if not lossy and flagged:
-            dist_gap = tol.alpha - dist_p
-            reasons.append(f"sampled outputs differ in distribution from the baseline's (distribution "
-                           f"test p={dist_p:.2g} < {tol.alpha:g}, {n_draws} draws per side)")
+        if not lossy and sv.flagged:
+            dist_gap = tol.alpha - sv.p_band
+            reasons.append(sv.failure("the baseline's"))
+    if sv is not None:  # a lossy config's own draws against the baseline's: reported, not judged
+        dist_p, n_draws, dist_p_band = sv.p, sv.draws, sv.p_band
     lp_gap, lp_note = 0.0, ""
     if drift is not None:
         detail, lp_note = _drift_note(drift)
@@ -375,6 +383,8 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     reason = "; ".join(reasons) or ("unverified: not checked: " + "; ".join(missing) if missing else "ok")
     if not reasons and flips is not None and flips.differ:  # passed with flips: say how many, and why
         reason += f" ({flips.text(t.greedy)})"
+    if not reasons and sv is not None and sv.p < tol.alpha and not (lossy and not split):  # within the band: say so
+        reason += f" ({sv.note()})"
     unverified_gap = 1.0 if status == "unverified" and not tol.allow_unverified else 0.0
     if lossy and lp_note and not lp_gap:  # within budget, still worth seeing (beside a token drift, say)
         reason += f"{'; ' if reasons else ', '}{lp_note} within {tol.max_logprob_drift:g}" + \
@@ -383,7 +393,7 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     return Verdict(passed=not reasons, reason=reason, greedy_requests=t.greedy,
                    greedy_identical=t.identical, token_agreement=mean_agree, first_divergence=t.first,
                    expect_failed=t.expect_failed, expect_regressions=t.regressions, sampled_requests=t.sampled,
-                   distribution_p=dist_p, distribution_samples=n_draws,
+                   distribution_p=dist_p, distribution_samples=n_draws, distribution_p_band=dist_p_band,
                    logprob_drift=None if drift is None else drift.mean,
                    logprob_drift_max=None if drift is None else drift.max,
                    logprob_kl=None if drift is None else drift.kl, logprob_tokens=0 if drift is None else drift.tokens,
