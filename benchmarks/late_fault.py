@@ -18,9 +18,14 @@ the faults), for
           positions and requests, Kolmogorov-Smirnov against uniform; the baseline's draws are
           not used. Exact under the null (the transforms are i.i.d. uniform).
 
+    band  the verdict's test since issue 43's sampled part (autotune.measure.sampled_band): "new" with
+          the first-token and first-3 tables allowed to move within bfloat16's numerics band at
+          temperature 1 (0.25 nats per token); the later tokens stay on the exact test
+
 and then the new test's power against draw length at one n. Run:
 
     .venv/bin/python benchmarks/late_fault.py [--seeds 200] [--alpha 0.01] [--ns 100 200 400]
+        [--conditions exact residual] [--variants new band] [--sweep-n 0]
 """
 
 from __future__ import annotations
@@ -32,10 +37,14 @@ import numpy as np
 from scipy.stats import kstest
 
 import harness
+from autotune.measure.nearties import dtype_threshold
+from autotune.measure.sampled_band import judge_samples
 from autotune.measure.stats import HEAD_TOKENS, sampler_test, two_sample_test
 from tests.markov import LATE_FAULTS, P, START, late_fault, target_batch
 
 CONDITIONS = ["exact", *LATE_FAULTS]
+VARIANTS = ("old", "new", "pos", "pit", "band")
+BF16 = dtype_threshold("bfloat16")
 
 # Randomized PIT under P: states of each row in decreasing probability; a token's transform is the
 # mass of the states before it plus a uniform share of its own.
@@ -74,6 +83,8 @@ def one(n: int, cond: str, seed: int, args: argparse.Namespace, length: int,
         out["new"] = sampler_test(base, cand, alpha=args.alpha)[0]
     if "pos" in variants:
         out["pos"] = positions_test(base, cand, args.alpha)
+    if "band" in variants:
+        out["band"] = judge_samples(base, cand, {}, BF16, alpha=args.alpha).flagged  # {}: temperature 1
     if "pit" in variants:
         out["pit"] = pit_test(cand, rng) < args.alpha
     return out
@@ -88,14 +99,16 @@ def main() -> None:
     ap.add_argument("--ns", type=int, nargs="+", default=[100, 200, 400], help="draws per side per request")
     ap.add_argument("--sweep-n", type=int, default=200, help="n for the power-against-length table (0: skip)")
     ap.add_argument("--sweep-lengths", type=int, nargs="+", default=[4, 6, 8, 16])
+    ap.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=CONDITIONS)
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=["old", "new", "pos", "pit"])
     args = ap.parse_args()
     t0 = time.perf_counter()
-    variants = ("old", "new", "pos", "pit")
+    variants = tuple(args.variants)
     print(f"alpha {args.alpha}, {args.prompts} prompts per test, {args.length} tokens per draw, "
           f"fault from token {HEAD_TOKENS + 1} on, {args.seeds} seeds per cell; flagged/seeds")
     print(f"{'n':>5} {'sampler':<16}" + "".join(f"{v:>7}" for v in variants))
     for n in args.ns:
-        for cond in CONDITIONS:
+        for cond in args.conditions:
             hits = dict.fromkeys(variants, 0)
             for seed in range(args.seeds):
                 for v, f in one(n, cond, seed, args, args.length, variants).items():
@@ -106,7 +119,7 @@ def main() -> None:
         lengths = sorted({*args.sweep_lengths, args.length})
         print(f"\nnew test, n={args.sweep_n}: flagged/seeds against tokens per draw")
         print(f"{'sampler':<16}" + "".join(f"{'L=' + str(L):>7}" for L in lengths))
-        for cond in CONDITIONS:
+        for cond in args.conditions:
             row = []
             for L in lengths:
                 row.append(sum(one(args.sweep_n, cond, seed, args, L, ("new",))["new"]

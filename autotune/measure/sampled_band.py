@@ -13,7 +13,8 @@ follow per-draw contexts, where the shifts average out; they stay on the exact t
 So the first-token and first-three tables are tested again against the composite null "the
 candidate's probability of every outcome is within exp(+-band) of the baseline's": Pearson's
 statistic at the two samples' maximum-likelihood distributions under that constraint (band 0: the
-exact test's statistic), on the same cells and degrees of freedom. A candidate flagged by this test
+exact test's statistic; found through its two-multiplier dual, exact and fast), on the same cells
+and degrees of freedom. A candidate flagged by this test
 is a fault; one flagged by the exact test only differs at numerics and passes, with both p-values
 said. Top-p and top-k are not covered: a token at the truncation edge can fall in or out; such
 tokens are rare and pooled into the tables' "other" cell.
@@ -35,6 +36,36 @@ from autotune.measure.stats import HEAD_TOKENS, feature_pvalues, head_outcomes, 
 MIN_COUNT = 10  # as two_sample_test's: cells rarer than this over both sides are pooled
 
 
+def _fit(a: np.ndarray, b: np.ndarray, band: float) -> tuple[np.ndarray, np.ndarray]:
+    """The maximum-likelihood p, q of counts a, b with |log q/p| <= band in every cell, by its dual.
+
+    In log space (u = log p, v = log q) the problem is concave with convex constraints, so the
+    dual is exact: for multipliers (lam, mu) of sum p = 1 and sum q = 1 each cell has a closed form
+    (p = a/lam, q = b/mu where their ratio is inside the band; else q = r p at the band's edge r,
+    p = (a + b)/(lam + mu r)), and the dual is minimized over the two multipliers alone."""
+    lo, hi, tot = math.exp(-band), math.exp(band), a + b
+
+    def cells(lam: float, mu: float) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rho = np.where(a > 0, (b / mu) / np.where(a > 0, a / lam, 1.0), np.inf)  # free q/p
+        r = np.clip(rho, lo, hi)
+        free = (rho >= lo) & (rho <= hi)
+        return np.where(free, a / lam, tot / (lam + mu * r)), np.where(free, b / mu, r * tot / (lam + mu * r))
+
+    def dual(x: np.ndarray) -> tuple[float, np.ndarray]:
+        lam, mu = np.exp(x)
+        p, q = cells(lam, mu)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            ll = float(np.sum(a[a > 0] * np.log(p[a > 0])) + np.sum(b[b > 0] * np.log(q[b > 0])))
+        return ll - lam * p.sum() - mu * q.sum() + lam + mu, np.array([lam * (1 - p.sum()), mu * (1 - q.sum())])
+
+    # At the optimum lam + mu = a.sum() + b.sum() (sum lam p + mu q over cells), so each lies in (0, n].
+    top = math.log(float(tot.sum()))
+    res = minimize(dual, np.log([a.sum(), b.sum()]), jac=True, method="L-BFGS-B",
+                   bounds=[(top - 30.0, top)] * 2, options={"gtol": 1e-12, "ftol": 1e-15})
+    return cells(*np.exp(res.x))
+
+
 def band_pearson(a: np.ndarray, b: np.ndarray, band: float) -> float:
     """Pearson's statistic of counts ``a``, ``b`` (one table's cells) at their maximum-likelihood
     distributions p, q with |log q/p| <= ``band`` in every cell (band 0: p = q, the exact test's)."""
@@ -47,23 +78,16 @@ def band_pearson(a: np.ndarray, b: np.ndarray, band: float) -> float:
     exact = pearson(pooled, pooled)
     if band <= 0 or exact == 0:
         return exact
-    k = len(a)
-    # log p = u, log q = u + d, |d| <= band; maximize a.u + b.(u + d) with both summing to 1.
-    x0 = np.concatenate([np.log(pooled), np.zeros(k)])
-    res = minimize(lambda x: -float(a @ x[:k] + b @ (x[:k] + x[k:])), x0,
-                   jac=lambda x: -np.concatenate([a + b, b]), method="SLSQP",
-                   bounds=[(-60.0, 0.0)] * k + [(-band, band)] * k,
-                   constraints=[{"type": "eq", "fun": lambda x: np.exp(x[:k]).sum() - 1.0},
-                                {"type": "eq", "fun": lambda x: np.exp(x[:k] + x[k:]).sum() - 1.0}],
-                   options={"maxiter": 200, "ftol": 1e-10})
-    x = res.x
-    # Judged by feasibility, not by SLSQP's success flag (it reports iteration limits on solutions
-    # that hold): a point inside the null is a valid (conservative) place to take the statistic.
-    p, q = np.exp(x[:k]), np.exp(x[:k] + x[k:])
-    if not (np.all(np.isfinite(x)) and abs(p.sum() - 1) < 1e-6 and abs(q.sum() - 1) < 1e-6
-            and np.all(np.abs(x[k:]) <= band + 1e-9)):
+    p, q = _fit(a, b, band)
+    # Judged by feasibility: a point inside the null is a valid (conservative) place to take the
+    # statistic; one the solver left outside it is not used (the exact statistic instead).
+    if not (np.all(np.isfinite(p)) and np.all(np.isfinite(q)) and np.all(p > 0) and np.all(q > 0)
+            and abs(p.sum() - 1) < 1e-6 and abs(q.sum() - 1) < 1e-6):
         return exact
-    return min(exact, pearson(p / p.sum(), q / q.sum()))
+    p, q = p / p.sum(), q / q.sum()
+    if np.any(np.abs(np.log(q / p)) > band + 1e-6):
+        return exact
+    return min(exact, pearson(p, q))
 
 
 def band_test(tables: list[tuple[list[tuple[int, ...]], list[tuple[int, ...]], float]],
@@ -114,9 +138,10 @@ class SampledVerdict:
 
 def judge_samples(base: dict[str, list[list[int]]], cand: dict[str, list[list[int]]],
                   temperatures: dict[str, float], threshold: Threshold, *, alpha: float,
-                  head: int = HEAD_TOKENS) -> SampledVerdict:
-    """The exact distribution test and the band test on the same features (Bonferroni over them)."""
-    ps = feature_pvalues(base, cand, head=head)
+                  head: int = HEAD_TOKENS, features: list[float] | None = None) -> SampledVerdict:
+    """The exact distribution test and the band test on the same features (Bonferroni over them).
+    ``features``: the exact features' p-values where already computed (stats.feature_pvalues)."""
+    ps = feature_pvalues(base, cand, head=head) if features is None else features
     draws = sum(len(cand[k]) for k in cand if k in base)
 
     def band(rid: str, outcomes: list[tuple[int, ...]]) -> float:
