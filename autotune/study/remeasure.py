@@ -19,7 +19,7 @@ from autotune.study.view import StudyView
 
 
 
-MAX_REMEASURES = 4  # fresh-engine re-measurements beyond 2 x --pairs a study makes at most (the pick may change)
+MAX_REMEASURES = 4  # fresh-engine re-measurements beyond 2 x --pairs after which no new pick starts its rounds
 
 
 def extra_work(study: optuna.Study, view: StudyView, space: SearchSpace, cfg: StudyConfig) -> bool:
@@ -46,19 +46,30 @@ def queue_remeasure(study: optuna.Study, view: StudyView, pairs: int = 1) -> boo
     includes the spread between engine instances. Rounds go on, up to ``pairs``, while the pick's
     speedup over the baseline, with instance pairs as the unit (autotune.measure.resolution), still
     straddles the tie band, after at least FIGURE_PAIRS (the pick's figure leaves out the trial that
-    selected it, so it rests on these rounds alone). True if queued."""
+    selected it, so it rests on these rounds alone). True if queued.
+
+    The pick may change once rounds began (its pooled record regressed). A cap on all rounds would
+    then leave the new pick with fewer pairs than its figure needs, so the caps count rounds: no new
+    pick starts its rounds, and no round past min(``pairs``, FIGURE_PAIRS) is added, once the study
+    made 2 x ``pairs`` + MAX_REMEASURES re-measurements; a pick that began its rounds finishes
+    min(``pairs``, FIGURE_PAIRS) of its own, within a safety cap of that many more."""
     from autotune.measure.resolution import FIGURE_PAIRS, resolve
     from autotune.study.pareto import choose
 
     again = [t for t in view.trials if attrs.role(t) == attrs.REMEASURE and not attrs.is_interrupted(t)]
-    if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in again) \
-            or len(again) >= 2 * pairs + MAX_REMEASURES or view.waiting:  # configs asked for (--try) go first
-        return False
+    if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in again) or view.waiting:
+        return False  # a round in flight; configs asked for (--try) go first
+    needed = min(pairs, FIGURE_PAIRS)  # the rounds a pick's figure rests on (fewer where --pairs says so)
+    soft_cap = 2 * pairs + MAX_REMEASURES
+    if len(again) >= soft_cap + 2 * needed:
+        return False  # the safety cap: however often the pick changed
     choice, base = choose(view), view.reference
     if choice is None or base is None or view.first_record(choice.trial).number == view.first_record(base).number:
         return False  # the baseline (or its pooled record) is the pick: nothing to confirm against it
     chosen = scheduled_trial(view) or choice.trial  # a recommended depth schedule is the pick
     rounds = len(instances_of(attrs.measurement(chosen))) - 1
+    if len(again) >= soft_cap and not 0 < rounds < needed:
+        return False  # only a pick part-way through the rounds its figure needs goes on
     if any(t.user_attrs.get(attrs.REMEASURE_OF) == chosen.number for t in again):
         return False  # its round failed: the record stands as it is
     if rounds == 0:
