@@ -60,7 +60,7 @@ def test_no_rival_keeps_the_front_pick(only):
 
 def test_a_pick_measured_again_on_a_fresh_engine_is_on_the_front_as_its_pooled_record():
     """The first engine's fast record is superseded by the pooled one, though it dominates it: the
-    front is Optuna's over the current records (a study's best_trials would keep the old one)."""
+    front is the one over the current records (a study's best_trials would keep the old one)."""
     from autotune.study.pareto import pareto_trials
 
     first = trial("draft k=2", DRAFT, [150.0, 152.0], 500)
