@@ -55,12 +55,12 @@ def table_of(results: Path) -> dict[str, Any]:
 
     from autotune.run import hardware
     from autotune.study.trials import feasible
-    from autotune.study.trials import baseline_trial
+    from autotune.study.view import StudyView
 
-    study = optuna.load_study(study_name=results.name, storage=f"sqlite:///{results / 'study.db'}")
-    base = baseline_trial(study)
+    study = StudyView.of(optuna.load_study(study_name=results.name, storage=f"sqlite:///{results / 'study.db'}"))
+    base = study.baseline
     rows, again = [], []
-    for t in study.get_trials(deepcopy=False):
+    for t in study.trials:
         if attrs.is_duplicate(t) or t.state.name not in ("COMPLETE", "FAIL"):
             continue
         if attrs.role(t) == attrs.REMEASURE:  # the grid's own measurement is the table; pooled ones aside
@@ -306,7 +306,7 @@ def versus(a: argparse.Namespace) -> None:
     import optuna
 
     from autotune.core import attrs
-    from autotune.study.trials import baseline_trial
+    from autotune.study.view import StudyView
 
     wl, sp = Path(a.workload).stem, Path(a.space).stem
     table = Table(json.loads((DATA / f"table-{wl}-{sp}.json").read_text()))
@@ -316,7 +316,7 @@ def versus(a: argparse.Namespace) -> None:
         folder = RUNS / f"predict-{wl}-{sp}"
         wall = _search(a.workload, a.space, "predict", folder.name, len(table.grid) + 1)
     st = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
-    base = attrs.measurement(baseline_trial(st))["output_tok_s"]
+    base = attrs.measurement(StudyView.of(st).baseline)["output_tok_s"]
     elapsed, reached, lines = 0.0, None, []
     trace = (st.user_attrs.get(attrs.DRAFT_TRACE) or {}).get("wall_s") or 0.0
     for t in sorted(st.get_trials(deepcopy=False), key=lambda t: t.number):

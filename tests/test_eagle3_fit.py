@@ -66,14 +66,16 @@ def test_a_speculators_head_over_a_target_larger_than_the_ram_is_skipped_in_one_
     import types
 
     from autotune.study.strategy import trace_eagle3
+    from autotune.study.view import StudyView
 
-    study = types.SimpleNamespace(study_name="s", user_attrs={})
+    study = types.SimpleNamespace(study_name="s", user_attrs={}, directions=[], get_trials=lambda deepcopy=False: [])
     study.set_user_attr = study.user_attrs.__setitem__
     base = types.SimpleNamespace(number=0, datetime_start="t", user_attrs={attrs.OUTPUTS: []})
     space = load_space("quick", platform="cpu", models={"eagle3_head"})
     monkeypatch.setattr(eagle3_fit, "available_ram", lambda: 16 * 2**30)
-    line = trace_eagle3(study, space, types.SimpleNamespace(settings=Settings(model=str(big_target),
-                                                                              eagle3_head=str(spec))), base)
+    view = StudyView.of(study)
+    line = trace_eagle3(study, view, space, types.SimpleNamespace(settings=Settings(model=str(big_target),
+                                                                        eagle3_head=str(spec))), base)
     assert line.startswith("eagle3 forecast skipped: the trace would load 8.06B") and "\n" not in line
     assert study.user_attrs[attrs.EAGLE3_TRACE]["failure"].startswith("not traced:")
 

@@ -185,30 +185,32 @@ def test_a_study_traces_the_head_once_and_its_forecast_reads_it():
     from autotune.core.candidate import Settings
     from autotune.core.space import load_space
     from autotune.study.strategy import trace_draft
+    from optuna.trial import TrialState
+
+    from autotune.study.view import StudyView
 
     if not demo.eagle3_available():
         pytest.skip("no shipped head")
     outputs = [{"id": "a", "prompt_token_ids": [1, 40, 41, 42], "token_ids": [43, 44, 45, 46, 2]},
                {"id": "b", "prompt_token_ids": [1, 50, 51], "token_ids": [52, 53, 54]}]
 
-    class Study:
-        study_name, user_attrs = "s", {}
+    base = types.SimpleNamespace(number=0, datetime_start="t", state=TrialState.COMPLETE,
+                                 user_attrs={attrs.OUTPUTS: outputs, attrs.ROLE: attrs.BASELINE})
+
+    class Study:  # a study of the baseline alone, as the trace reads and keeps it
+        study_name, user_attrs, directions = "s", {}, []
+
+        def get_trials(self, deepcopy=False):
+            return [base]
 
         def set_user_attr(self, k, v):
             self.user_attrs[k] = v
 
-    base = types.SimpleNamespace(number=0, datetime_start="t", user_attrs={attrs.OUTPUTS: outputs})
     study = Study()
     space = load_space("quick", platform="cpu", models={"eagle3_head"})
     cfg = types.SimpleNamespace(settings=Settings(model=str(demo.TARGET), eagle3_head=str(demo.EAGLE3)))
-    import autotune.study.trials as st
-
-    orig = st.baseline_trial
-    st.baseline_trial = lambda _s: base
-    try:
-        assert trace_draft(study, space, cfg, {}, None) is None  # no draft model: only the head is traced
-    finally:
-        st.baseline_trial = orig
+    # no draft model: only the head is traced
+    assert trace_draft(study, StudyView.of(study), space, cfg, {}, None) is None
     got = study.user_attrs[attrs.EAGLE3_TRACE]
     top = max(int(v) for p in space.params if p.name == "num_speculative_tokens" for v in p.values())
     assert top == 8  # the quick space's top depth: the chains are traced that deep

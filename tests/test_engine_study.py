@@ -21,6 +21,8 @@ from autotune.cli.app import app
 from autotune.core.study_report import load_report
 from autotune.measure.intervals import UNIT_PAIRS, UNIT_WINDOWS
 from autotune.measure.metrics import instances_of
+from autotune.measure.resolution import FIGURE_PAIRS
+from autotune.study.remeasure import MAX_REMEASURES
 
 pytestmark = pytest.mark.engine
 
@@ -67,8 +69,10 @@ def test_the_pick_and_the_baseline_are_measured_again_on_fresh_engines(study_dir
     frame = pd.read_csv(study_dir / "trials.csv").set_index("trial")
     report = load_report(study_dir)
     again = frame[frame["role"] == "re-measure"]
-    # The baseline and the pick; a pick that changes on the pooled numbers is measured again too.
-    assert 6 <= len(again) <= 10 and {0, report["remeasured"]["trial"]} <= set(again["remeasure_of"])
+    # The baseline and the pick; a pick that changes on the pooled numbers is measured again too, and
+    # one that began its rounds finishes the 3 its figure needs (autotune.study.remeasure's caps, --pairs 3).
+    cap = 2 * (3 + FIGURE_PAIRS) + MAX_REMEASURES
+    assert 6 <= len(again) <= cap and {0, report["remeasured"]["trial"]} <= set(again["remeasure_of"])
     assert (again["state"] == "COMPLETE").all() and again["correct"].all()
     first = frame.loc[report["remeasured"]["trial"]]
     last = first  # each round's record supersedes the one before it: the chain ends at the pick's record

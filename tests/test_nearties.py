@@ -136,10 +136,11 @@ def test_the_baselines_fresh_instance_flips_widen_the_threshold(tmp_path, fake_e
     """The re-measurement's baseline instance flips (3 nats) against the first: numerics by definition,
     so its own verdict passes, and the floor is kept for the verdicts after it."""
     from autotune.study.record import _reference
+    from autotune.study.view import StudyView
 
     c, study, _ = _study(tmp_path, monkeypatch, {"fresh_baseline": [5]}, remeasure=True)
     again = [t for t in study.trials if t.user_attrs.get("role") == "re-measure" and t.user_attrs["remeasure_of"] == 0]
     v = again[0].user_attrs["verdict"]
     assert v["passed"] and v["near_ties"] == 1 and "widened from 0.25" in v["near_tie_source"]
     assert study.user_attrs["numerics_floor"] == [pytest.approx(3.0)]
-    assert _reference(study).floor == (pytest.approx(3.0),)
+    assert _reference(StudyView.of(study)).floor == (pytest.approx(3.0),)

@@ -205,3 +205,36 @@ def test_the_claimed_speedup_rests_on_the_pairs_measured_side_by_side():
     one = speedup({**pick, "output_tok_s_instances": [[800.0, 800.0]]}, base)  # never re-measured: windows
     assert one["output_tok_s"] == pytest.approx(4.0) and "output_tok_s_pairs" not in one
     assert one["output_tok_s_unit"] == "windows of one instance"
+
+
+def test_a_pick_that_changes_after_rounds_began_gets_the_rounds_its_figure_needs(tmp_path, fake_engine_env,
+                                                                                monkeypatch):
+    """The demo once printed a pick whose figure "rests on 2 pairs": the cap on all re-measurements
+    counted the rounds of an earlier pick too. Planted here: ngram k=1 is the pick until its three
+    rounds are done, then the choice falls to the faster k=2 (as when a pooled pick regresses); the
+    new pick still gets its own FIGURE_PAIRS rounds. FAKE engine, quiet windows and instances."""
+    from autotune.measure.resolution import FIGURE_PAIRS
+    from autotune.study import pareto
+
+    monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
+    monkeypatch.setenv("AUTOTUNE_FAKE_INSTANCE_NOISE", "0")
+    real = pareto.choose
+
+    def planted(view, **kw):
+        first = next((t for t in view.current if t.user_attrs.get("label") == "ngram k=1"), None)
+        if first is not None and len(instances_of(first.user_attrs["measurement"])) <= FIGURE_PAIRS:
+            return pareto.Choice(first)  # the earlier pick, until its own rounds are done
+        return real(view, **kw)
+
+    monkeypatch.setattr(pareto, "choose", planted)
+    space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
+    cfg = StudyConfig(name="switch", results_dir=tmp_path / "switch", settings=Settings(model="fake-model"),
+                      objectives=("output_tok_s",), n_trials=3, trial_timeout_s=20, engine_module="fake_engine",
+                      strategy="grid", remeasure=True, pairs=3)
+    study = run_study(cfg, load_workload("examples/smoke.jsonl"), space)
+    again = [t for t in study.trials if t.user_attrs.get("role") == "re-measure"]
+    picks = [t.user_attrs["label"] for t in again if t.user_attrs["label"] != "none"]
+    assert picks == ["ngram k=1"] * FIGURE_PAIRS + ["ngram k=2"] * FIGURE_PAIRS, picks
+    last = max((t for t in again if t.user_attrs["label"] == "ngram k=2"), key=lambda t: t.number)
+    assert len(instances_of(last.user_attrs["measurement"])) == FIGURE_PAIRS + 1  # its first engine and 3 rounds
+    assert all(t.state == TrialState.COMPLETE for t in again)

@@ -6,6 +6,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotune.study.pareto import choose, pick_best
+from autotune.study.view import StudyView
 
 
 def trial(label, params, windows, e2e):
@@ -23,7 +24,7 @@ def study(*trials):
     s.set_user_attr("objectives", ["output_tok_s", "e2e_ms_p50"])
     for t in trials:
         s.add_trial(t)
-    return s
+    return StudyView.of(s)
 
 
 BASE = trial("none", {"method": "none"}, [100.0, 101.0, 99.0], 900)
@@ -59,16 +60,15 @@ def test_no_rival_keeps_the_front_pick(only):
 
 def test_a_pick_measured_again_on_a_fresh_engine_is_on_the_front_as_its_pooled_record():
     """The first engine's fast record is superseded by the pooled one, though it dominates it: the
-    front is Optuna's over the current records (a study's best_trials would keep the old one)."""
+    front is the one over the current records (a study's best_trials would keep the old one)."""
     from autotune.study.pareto import pareto_trials
-    from autotune.study.trials import superseded
 
     first = trial("draft k=2", DRAFT, [150.0, 152.0], 500)
     pooled = trial("draft k=2", DRAFT, [120.0, 122.0, 150.0, 152.0], 560)
     pooled.user_attrs["remeasure_of"] = 1
     pooled.user_attrs["role"] = "re-measure"
     s = study(BASE, first, trial("ngram", {"method": "none", "x": 1}, [130.0, 131.0], 540), pooled)
-    assert superseded(s) == {1: 3}
+    assert s.superseded == {1: 3}
     front = [t.number for t in pareto_trials(s)]
     assert 1 not in front and 3 in front
     assert choose(s).trial.number in front

@@ -20,6 +20,7 @@ from autotune.study.schedule import LevelPick, best_depths, instance_spread, jud
 from autotune.core.space import load_space
 from autotune.measure.config import StudyConfig
 from autotune.study.loop import run_study
+from autotune.study.view import StudyView
 from autotune.core.workload import load_workload
 
 
@@ -197,7 +198,7 @@ def test_fake_study_recommends_a_schedule_that_holds_at_every_level_and_under_th
     assert s["ranges"] == [[1, 5, 4], [6, 256, 0]]
     # Judged by at least the spread the study's fresh-engine re-measurements showed: 1/1.1, wider
     # than the noise the windows of one engine give.
-    assert s["instance_spread"] == instance_spread(study) == pytest.approx(1 - 1 / 1.1)
+    assert s["instance_spread"] == instance_spread(StudyView.of(study)) == pytest.approx(1 - 1 / 1.1)
     assert s["noise"] >= s["instance_spread"] and "the most a config moved between engine instances here" in s["why"]
     assert {c["level"] for c in s["checks"]} == {"concurrency=1", "concurrency=4", "concurrency=8", "ramp=8"}
     assert report["best"]["trial"] == s["trial"]
@@ -259,7 +260,8 @@ def test_levels_through_the_cli_plan_each_levels_best_depth_then_the_schedule(tm
 
     study = optuna.load_study(study_name="lv", storage=f"sqlite:///{tmp_path / 'lv' / 'study.db'}")
     space = load_space("quick", platform="cpu", models={"draft_model"})
-    at8 = {Candidate(o.params).label: o.speedup for o in study_model(study, space, None, level="concurrency=8")[1]}
+    view = StudyView.of(study)
+    at8 = {Candidate(o.params).label: o.speedup for o in study_model(view, space, None, level="concurrency=8")[1]}
     want = {row.label: row["output_tok_s@concurrency=8"] / frame.loc[0, "output_tok_s@concurrency=8"]
             for _, row in frame.iterrows() if row["role"] in ("candidate", "depth")}
     assert at8 == pytest.approx({"none eager": 1.0, **want}) and all(v < 1 for k, v in want.items())

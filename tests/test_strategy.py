@@ -299,6 +299,7 @@ def test_two_studies_of_one_name_in_one_process_replay_their_own_baselines():
 
     from autotune.core import attrs
     from autotune.study.strategy import study_model
+    from autotune.study.view import StudyView
 
     def study(tokens):
         st = optuna.create_study(study_name="same", directions=["maximize"])
@@ -307,7 +308,7 @@ def test_two_studies_of_one_name_in_one_process_replay_their_own_baselines():
             state=optuna.trial.TrialState.COMPLETE, values=[1.0], params={}, distributions={},
             user_attrs={attrs.ROLE: "baseline", attrs.CANDIDATE: {"method": "none"}, attrs.OUTPUTS: [out],
                         attrs.MEASUREMENT: {"output_tok_s": 100.0, "output_tok_s_windows": [100.0]}}))
-        return st
+        return StudyView.of(st)
 
     copies = study([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4])  # repeats the prompt: ngram drafts land
     fresh = study([9, 8, 7, 6, 5, 9, 8, 7, 6, 5, 0, 0])  # nothing to look up

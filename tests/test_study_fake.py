@@ -361,6 +361,7 @@ def _wait_for(predicate, timeout_s):
 
 def test_a_running_draft_trace_stalls_no_other_worker_and_runs_once(tmp_path, fake_engine_env, monkeypatch):
     from autotune.study.strategy import plan, trace_draft
+    from autotune.study.view import StudyView
 
     module = _engine(tmp_path, monkeypatch, "gated_trace", GATED_TRACE)
     gate = tmp_path / "gate"
@@ -371,13 +372,14 @@ def test_a_running_draft_trace_stalls_no_other_worker_and_runs_once(tmp_path, fa
             trial_timeout_s=120)  # the trace waits for the gate, not for a timeout
     study = run_study(c, load_workload("examples/smoke.jsonl"), space)  # the baseline only
     # Two workers reach the trace at once; a third plans its next trial meanwhile.
-    tracers = [threading.Thread(target=trace_draft, args=(study, space, c, {}, c.results_dir)) for _ in range(2)]
+    view = StudyView.of(study)
+    tracers = [threading.Thread(target=trace_draft, args=(study, view, space, c, {}, c.results_dir)) for _ in range(2)]
     for th in tracers:
         th.start()
     planned = []
     try:
         assert _wait_for(lambda: any(gate.glob("started-*")), 30), "the trace never started"
-        planner = threading.Thread(target=lambda: planned.append(plan(study, space, "predict", None)))
+        planner = threading.Thread(target=lambda: planned.append(plan(StudyView.of(study), space, "predict", None)))
         planner.start()
         planner.join(timeout=15)  # planning takes well under a second; the trace holds until the gate opens
         stalled = planner.is_alive()

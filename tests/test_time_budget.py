@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from autotune.cli.app import app
 from autotune.core import attrs
 from autotune.study import budget
+from autotune.study.view import StudyView
 
 SPACE = """name: budget
 baseline: {method: none, kv_cache_dtype: auto}
@@ -50,8 +51,11 @@ def test_the_study_ends_within_its_time_budget_with_a_re_measured_pick(tmp_path,
 
 
 def _study(*trials):
-    return SimpleNamespace(get_trials=lambda deepcopy=False, states=None: [
-        t for t in trials if states is None or t.state in states])
+    """The view of a study of ``trials`` (numbered in order), as the budget's helpers read it."""
+    for i, t in enumerate(trials):
+        t.number = i
+    return StudyView.of(SimpleNamespace(study_name="s", directions=[], user_attrs={},
+                                        get_trials=lambda deepcopy=False: list(trials)))
 
 
 def _trial(role, wall, state="COMPLETE"):
@@ -61,19 +65,18 @@ def _trial(role, wall, state="COMPLETE"):
                            datetime_complete=None)
 
 
-def test_trial_timeouts_are_sized_from_the_baselines_own_wall_time(monkeypatch):
+def test_trial_timeouts_are_sized_from_the_baselines_own_wall_time():
     cfg = SimpleNamespace(trial_timeout_s=600.0, timeout_from_baseline=True)
     base = _trial(attrs.BASELINE, 400.0)
-    monkeypatch.setattr(budget, "baseline_trial", lambda study: base)
     assert budget.trial_timeout(_study(base), cfg) == 1200.0  # an 8B model's start: minutes
     base.user_attrs[attrs.WALL_S] = 30.0
     assert budget.trial_timeout(_study(base), cfg) == 600.0  # never below the default
     cfg.timeout_from_baseline = False  # --trial-timeout given: as given
     base.user_attrs[attrs.WALL_S] = 400.0
     assert budget.trial_timeout(_study(base), cfg) == 600.0
-    monkeypatch.setattr(budget, "baseline_trial", lambda study: None)
     cfg.timeout_from_baseline = True
     assert budget.trial_timeout(_study(), cfg) == 600.0  # the baseline itself
+    assert budget.trial_timeout(_study(_trial(attrs.BASELINE, 400.0, "RUNNING")), cfg) == 600.0  # not measured yet
 
 
 def test_out_of_time_keeps_room_for_one_trial_and_the_re_measurement(monkeypatch):

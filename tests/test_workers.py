@@ -29,6 +29,7 @@ from autotune.core.attrs import BASELINE
 from autotune.measure.config import StudyConfig
 from autotune.study.loop import _fail_stale, run_study
 from autotune.study.opening import open_study
+from autotune.study.view import StudyView
 from autotune.run.worker import run_trial
 from autotune.core.workload import load_workload
 
@@ -108,7 +109,7 @@ def test_a_live_workers_trial_is_left_alone_a_dead_ones_is_failed(tmp_path, monk
     live, dead = study.ask(), study.ask()
     live.set_user_attr("worker", storage.worker_id())
     dead.set_user_attr("worker", f"{socket.gethostname()}:{gone.pid}/0")
-    assert _fail_stale(study) == 1
+    assert _fail_stale(study, StudyView.of(study)) == 1
     t = study.get_trials(deepcopy=False)
     assert t[0].state == TrialState.RUNNING
     assert t[1].state == TrialState.FAIL and t[1].user_attrs["interrupted"]
@@ -131,7 +132,7 @@ def test_a_remote_worker_without_heartbeat_is_failed_after_the_grace_period(tmp_
         assert time.monotonic() < deadline, "the storage never found the silent trial stale"
         time.sleep(0.05)
     study._storage.record_heartbeat(beating._trial_id)
-    assert _fail_stale(study) == 1
+    assert _fail_stale(study, StudyView.of(study)) == 1
     t = study.get_trials(deepcopy=False)
     assert t[0].state == TrialState.FAIL and "no heartbeat" in t[0].user_attrs["failure"]
     assert t[1].state == TrialState.RUNNING
@@ -164,7 +165,7 @@ def test_two_processes_share_one_study_on_postgresql(tmp_path, fake_engine_env, 
         c = _cfg(tmp_path, name=name, storage=url, results_dir=tmp_path / "results")
         report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu"},
                                objectives=list(c.objectives), storage_url=url)
-        assert {t.number for t in pareto_trials(study)} == _front_by_hand(study)
+        assert {t.number for t in pareto_trials(StudyView.of(study))} == _front_by_hand(study)
         assert {e["trial"] for e in report["pareto"]} == _front_by_hand(study)
         frame = pd.read_csv(c.results_dir / "trials.csv")
         assert len(frame) == 6 and frame["worker"].nunique() == 2

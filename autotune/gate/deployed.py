@@ -254,10 +254,11 @@ def _attach_study(d: Deployed, storage: str) -> None:
     from autotune.core.space import reload_space
     from autotune.study.storage import load_saved
     from autotune.study.strategy import study_model
+    from autotune.study.view import StudyView
 
-    st = load_saved(d.report["study"], storage, flag="--storage")
-    resolved = st.user_attrs.get(attrs.SPACE_RESOLVED)
-    got = study_model(st, reload_space(resolved) if resolved else None, st.user_attrs.get(attrs.MAX_MODEL_LEN))
+    view = StudyView.of(load_saved(d.report["study"], storage, flag="--storage"))
+    resolved = view.user_attrs.get(attrs.SPACE_RESOLVED)
+    got = study_model(view, reload_space(resolved) if resolved else None, view.user_attrs.get(attrs.MAX_MODEL_LEN))
     if got is None:
         d.note = "the study has no completed baseline: no forecast"
         return

@@ -13,7 +13,7 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
 
@@ -22,6 +22,9 @@ from autotune.core.candidate import Candidate
 from autotune.measure.categories import category_speedup
 from autotune.core.study_report import SCHEMA_VERSION, StudyReport, clean, dumps
 from autotune.results.text import markdown
+
+if TYPE_CHECKING:
+    from autotune.study.view import StudyView
 
 
 def _entry(t: Any, base: Any, settings: Any) -> dict[str, Any]:
@@ -43,15 +46,14 @@ def _entry(t: Any, base: Any, settings: Any) -> dict[str, Any]:
     return e
 
 
-def _remeasured(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
+def _remeasured(view: StudyView, pick: Any, base: Any) -> dict[str, Any] | None:
     """The pick's speedup interval from its first engine alone and from the pooled fresh-engine
     re-measurements (the pick's and the baseline's): how much the spread between instances adds."""
     from autotune.measure.metrics import ratio_interval
-    from autotune.study.trials import first_record
 
     if pick is None or base is None or attrs.REMEASURE_OF not in pick.user_attrs:
         return None
-    first, base_first = first_record(study, pick), first_record(study, base)
+    first, base_first = view.first_record(pick), view.first_record(base)
     of = first.number
     key = "output_tok_s_windows"
     one = ratio_interval(attrs.measurement(first).get(key, []), attrs.measurement(base_first).get(key, []))
@@ -62,19 +64,18 @@ def _remeasured(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
             "widening": width(both) / width(one) if width(one) > 0 else None}
 
 
-def _resolution(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
+def _resolution(view: StudyView, pick: Any, base: Any) -> dict[str, Any] | None:
     """autotune.measure.resolution over the pick's and the baseline's current records, the runner-up being
     the best other feasible config on the first objective (None: no pick, or no throughput)."""
-    from autotune.study.trials import feasible, is_schedule, superseded
+    from autotune.study.trials import feasible, is_schedule
     from autotune.measure.resolution import resolve
 
     if pick is None or base is None or pick.number == base.number:
         return None
-    old = superseded(study)
     pick_key, base_key = Candidate(attrs.candidate(pick)).key(), Candidate(attrs.candidate(base)).key()
-    sign = 1 if study.directions[0].name == "MAXIMIZE" else -1
-    others = [t for t in study.get_trials(deepcopy=False) if feasible(t) and t.number not in old
-              and not is_schedule(t) and Candidate(attrs.candidate(t)).key() not in (pick_key, base_key)]
+    sign = view.sign
+    others = [t for t in view.current if feasible(t) and not is_schedule(t)
+              and Candidate(attrs.candidate(t)).key() not in (pick_key, base_key)]
     runner = max(others, key=lambda t: sign * t.values[0], default=None)
     res = resolve(attrs.measurement(pick), attrs.measurement(base),
                   runner_up=attrs.measurement(runner) if runner is not None else None,
@@ -82,12 +83,12 @@ def _resolution(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
     return res.to_dict() if res is not None else None
 
 
-def _edge(study: Any, pick: Any, base: Any) -> list[dict[str, Any]] | None:
+def _edge(view: StudyView, pick: Any, base: Any) -> list[dict[str, Any]] | None:
     from autotune.study.strategy import edge_report
 
     if pick is None or base is None or pick.number == base.number:
         return None
-    return edge_report(study, pick) or None
+    return edge_report(view, pick) or None
 
 
 def _lossless_first(choice: Any) -> dict[str, Any] | None:
@@ -101,45 +102,44 @@ def _lossless_first(choice: Any) -> dict[str, Any] | None:
                       f"interval), does not lie above 1 + {choice.min_gain:.0%}: the lossless config is the pick"}
 
 
-def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, Any], objectives: list[str],
+def study_report(view: StudyView, frame: Any, *, settings: Any, platform: dict[str, Any], objectives: list[str],
                  storage_url: str) -> StudyReport:
-    """The StudyReport (what best.json holds) of a study and its trials table."""
+    """The StudyReport (what best.json holds) of a study, as read once (autotune.study.view.StudyView),
+    and its trials table."""
     from autotune.study.pareto import choose, pareto_trials
-    from autotune.study.trials import deployed_trial, reference_trial
     from autotune.study.schedule import scheduled_trial, verdict
     from autotune.study.storage import redact
-    from autotune.study.trials import left_out
     from autotune.results.started import started_report
 
-    choice, base, deployed = choose(study), reference_trial(study), deployed_trial(study)
+    choice, base, deployed = choose(view), view.reference, view.deployed()
     # A depth schedule that held at every level is the pick; the fixed-depth choice is kept beside it.
-    schedule = verdict(study)
-    pick = scheduled_trial(study, schedule) or (choice.trial if choice else None)
-    ua = study.user_attrs
+    schedule = verdict(view)
+    pick = scheduled_trial(view, schedule) or (choice.trial if choice else None)
+    ua = view.user_attrs
     report: StudyReport = {
         "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "study": study.study_name, "storage": redact(storage_url),
+        "study": view.name, "storage": redact(storage_url),
         "workload": ua.get(attrs.WORKLOAD), "space": ua.get(attrs.SPACE),
         "load": ua.get(attrs.LOAD), "concurrency": ua.get(attrs.CONCURRENCY),
         "objectives": objectives, "platform": platform,
         "vllm_version": (base.user_attrs.get(attrs.VLLM_VERSION) if base else None) or platform.get("vllm"),
         "trials": {"finished": int(len(frame)), "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0,
                    "pruned": int((frame["state"] == "PRUNED").sum()) if len(frame) else 0,
-                   "left_out": left_out(study)},
+                   "left_out": view.left_out()},
         "baseline": _entry(base, base, settings) if base else None,
         "best": _entry(pick, base, settings) if pick else None,
-        "pareto": [_entry(t, base, settings) for t in pareto_trials(study)],
+        "pareto": [_entry(t, base, settings) for t in pareto_trials(view)],
         # A warm start's pick, re-measured in this run: `autotune check` compares the new pick with it.
         "deployed": _entry(deployed, base, settings) if deployed else None,
         "lossless_first": _lossless_first(choice),
-        "remeasured": _remeasured(study, pick, base),
+        "remeasured": _remeasured(view, pick, base),
         # Forked or fresh, per engine instance of the pick and the baseline, and a line if they mix.
-        "started": started_report(study, pick, base),
+        "started": started_report(view, pick, base),
         # The pick over the baseline with engine instances as the unit, and over the runner-up.
-        "resolution": _resolution(study, pick, base),
+        "resolution": _resolution(view, pick, base),
         # The pick on an edge of the space, with the forecast one step past it (no engine).
-        "edge": _edge(study, pick, base),
+        "edge": _edge(view, pick, base),
         # Two or more load levels: the depth per batch size, its checks, and whether it is the pick.
         "schedule": schedule,
         "warm_start": ua.get(attrs.WARM_START),
@@ -153,20 +153,22 @@ def study_report(study: Any, frame: Any, *, settings: Any, platform: dict[str, A
 
 def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dict[str, Any],
                   objectives: list[str], storage_url: str, serve_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Write every results file for ``study``; return the StudyReport (what best.json holds).
-    ``serve_env``: variables the pick's server needs (the CPU binding of tensor-parallel ranks)."""
+    """Write every results file for ``study`` (an Optuna study, read once here); return the StudyReport
+    (what best.json holds). ``serve_env``: variables the pick's server needs (the CPU binding of
+    tensor-parallel ranks)."""
     from autotune.serve.export import command, serve_script
-    from autotune.study.trials import reference_trial
     from autotune.study.pareto import trials_frame
+    from autotune.study.view import StudyView
 
+    view = StudyView.of(study)
     results_dir.mkdir(parents=True, exist_ok=True)
-    frame = trials_frame(study)
+    frame = trials_frame(view)
     frame["schema_version"] = SCHEMA_VERSION  # trials.csv's columns change with best.json's schema (core.study_report)
     frame.to_csv(results_dir / "trials.csv", index=False)
     parquet_safe(frame).to_parquet(results_dir / "trials.parquet", engine="pyarrow", index=False)
     (frame[frame["pareto"]] if len(frame) else frame).to_csv(results_dir / "pareto.csv", index=False)
-    _write_by_category(study, reference_trial(study), results_dir)
-    report = study_report(study, frame, settings=settings, platform=platform, objectives=objectives,
+    _write_by_category(view, view.reference, results_dir)
+    report = study_report(view, frame, settings=settings, platform=platform, objectives=objectives,
                           storage_url=storage_url)
     if report["best"] is not None:
         kw = report["best"]["engine_kwargs"]
@@ -180,16 +182,16 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
     return report
 
 
-def _write_by_category(study: Any, base: Any, results_dir: Path) -> None:
+def _write_by_category(view: StudyView, base: Any, results_dir: Path) -> None:
     """by_category.csv: each measured trial's metrics and speedups by request category."""
     import pandas as pd
 
     from autotune.measure.categories import COLUMNS, rows
-    from autotune.study.trials import completed, counts
+    from autotune.study.trials import counts
 
     base_cats = base.user_attrs[attrs.MEASUREMENT].get("by_category") if base else None
     out = []
-    for t in completed(study):
+    for t in view.completed:
         cats = (t.user_attrs.get(attrs.MEASUREMENT) or {}).get("by_category")
         if cats and counts(t):
             out += rows(t.number, t.user_attrs.get(attrs.LABEL), t.user_attrs.get(attrs.ROLE, "candidate"), cats,

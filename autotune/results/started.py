@@ -9,25 +9,27 @@ instance is compared with a fresh one, and best.json says so in one line (``star
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.core import attrs
 
+if TYPE_CHECKING:
+    from autotune.study.view import StudyView
 
-def _instances(study: Any, trial: Any) -> list[str]:
+
+def _instances(view: StudyView, trial: Any) -> list[str]:
     """``started`` of every engine instance a trial's current record pools (its first engine, then each
     re-measurement round, which pools the round before it)."""
-    from autotune.study.trials import record_chain
-
-    return [str(attrs.measurement(t).get("started") or "unknown") for t in record_chain(study, trial)
+    return [str(attrs.measurement(t).get("started") or "unknown") for t in view.record_chain(trial)
             if attrs.MEASUREMENT in t.user_attrs]
 
 
-def started_report(study: Any, pick: Any, base: Any) -> dict[str, Any] | None:
-    """{"baseline": [...], "pick": [...], "mixed": one line or None}, per engine instance; None without both."""
+def started_report(view: StudyView, pick: Any, base: Any) -> dict[str, Any] | None:
+    """{"baseline": [...], "pick": [...], "mixed": one line or None}, per engine instance; None without
+    both. ``view``: the study as read once (autotune.study.view.StudyView)."""
     if pick is None or base is None:
         return None
-    got = {"baseline": _instances(study, base), "pick": _instances(study, pick)}
+    got = {"baseline": _instances(view, base), "pick": _instances(view, pick)}
     kinds = {s for v in got.values() for s in v if s in ("forked", "fresh")}
     mixed = None
     if kinds == {"forked", "fresh"}:

@@ -18,12 +18,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-import optuna
 from optuna.trial import TrialState
 
 from autotune.core import attrs
 from autotune.measure.config import StudyConfig
-from autotune.study.trials import baseline_trial
+from autotune.study.view import StudyView
 
 TIMEOUT_FACTOR = 3.0
 REMEASURE_ENGINES = 2  # one round: the pick and the baseline, each on a fresh engine
@@ -41,11 +40,10 @@ class Clock:
         return time.monotonic() - self.start
 
 
-def _typical_wall(study: optuna.Study, clock: Clock) -> float | None:
+def _typical_wall(view: StudyView, clock: Clock) -> float | None:
     """What one more trial costs: the median worker wall time of the trials so far, or, where more,
     this run's time per finished trial (the study's own work between workers counts too)."""
-    done = [t for t in study.get_trials(deepcopy=False)
-            if attrs.WALL_S in t.user_attrs and t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+    done = [t for t in view.in_state(TrialState.COMPLETE, TrialState.FAIL) if attrs.WALL_S in t.user_attrs]
     if not done:
         return None
     here = [t for t in done if t.datetime_complete is not None and t.datetime_complete.timestamp() >= clock.started_at]
@@ -53,46 +51,46 @@ def _typical_wall(study: optuna.Study, clock: Clock) -> float | None:
     return max(statistics.median(float(t.user_attrs[attrs.WALL_S]) for t in done), per)
 
 
-def _remeasured(study: optuna.Study) -> bool:
-    return any(attrs.role(t) == attrs.REMEASURE for t in study.get_trials(deepcopy=False))
+def _remeasured(view: StudyView) -> bool:
+    return any(attrs.role(t) == attrs.REMEASURE for t in view.trials)
 
 
-def out_of_time(study: optuna.Study, cfg: StudyConfig, clock: Clock) -> bool:
+def out_of_time(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
     """No time for another candidate and the pick's re-measurement after it (see the module docstring)."""
     if clock.budget_s is None:
         return False
-    wall = _typical_wall(study, clock)
+    wall = _typical_wall(view, clock)
     if wall is None:  # nothing measured yet: the baseline always runs
         return False
-    later = REMEASURE_ENGINES if cfg.remeasure and not _remeasured(study) else 0
+    later = REMEASURE_ENGINES if cfg.remeasure and not _remeasured(view) else 0
     return clock.elapsed() + wall * (1 + later) > clock.budget_s
 
 
-def extra_allowed(study: optuna.Study, cfg: StudyConfig, clock: Clock) -> bool:
+def extra_allowed(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
     """Whether work on top of the trials (a schedule's, re-measurement) may be queued now: the first
     re-measurement round always (its time was kept), later ones while a round still fits."""
-    if clock.budget_s is None or not _remeasured(study):
+    if clock.budget_s is None or not _remeasured(view):
         return True
-    if any(attrs.role(t) in attrs.OUTSIDE_BUDGET for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+    if any(attrs.role(t) in attrs.OUTSIDE_BUDGET for t in view.waiting):
         return True  # a round already queued is finished
-    wall = _typical_wall(study, clock) or 0.0
+    wall = _typical_wall(view, clock) or 0.0
     return clock.elapsed() + wall * REMEASURE_ENGINES <= clock.budget_s
 
 
-def left_out_line(study: optuna.Study, cfg: StudyConfig, clock: Clock) -> str:
+def left_out_line(view: StudyView, cfg: StudyConfig, clock: Clock) -> str:
     """One line: the time budget ended the search, with how much of --trials was left."""
-    done = len([t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.FAIL)
-                and attrs.role(t) not in attrs.OUTSIDE_BUDGET])
+    done = len([t for t in view.in_state(TrialState.COMPLETE, TrialState.FAIL)
+                if attrs.role(t) not in attrs.OUTSIDE_BUDGET])
     return (f"time budget: {clock.budget_s / 60:g} min, {clock.elapsed() / 60:.1f} used; {done} of the {cfg.n_trials} "
             f"--trials measured, {max(cfg.n_trials - done, 0)} left out (a larger --time-budget with --resume "
             "measures them); the pick is the best measured so far")
 
 
-def trial_timeout(study: optuna.Study, cfg: StudyConfig) -> float:
+def trial_timeout(view: StudyView, cfg: StudyConfig) -> float:
     """The time limit of the next trial: ``cfg.trial_timeout_s``, or, when the user gave none
     (``cfg.timeout_from_baseline``), at least that and TIMEOUT_FACTOR x the baseline's wall time."""
     if not cfg.timeout_from_baseline:
         return cfg.trial_timeout_s
-    base = baseline_trial(study)
+    base = view.baseline
     wall = base.user_attrs.get(attrs.WALL_S) if base is not None else None
     return max(cfg.trial_timeout_s, TIMEOUT_FACTOR * float(wall)) if wall else cfg.trial_timeout_s

@@ -5,7 +5,9 @@ Failed trials (crash, timeout, incomplete run) are Optuna FAIL states with their
 ``user_attrs['failure']``; wrong outputs make a trial infeasible through ``Trial.set_constraint``.
 Everything a report needs is kept in the Optuna storage, so an interrupted study resumes
 with nothing completed lost and a study shared by several workers has one source of truth.
-Here: the worker threads, asking, the budget and stale workers. Opening a study is
+Here: the worker threads, asking, the budget and stale workers. Each step reads the study once
+(autotune.study.view.StudyView) and passes that view down; after the step's own writes (stale
+trials failed, work queued, a trace kept, a trial asked) it reads the study again. Opening a study is
 autotune.study.opening, one trial from ask to tell autotune.study.record, fresh-engine rounds
 autotune.study.remeasure, judging a trial autotune.run.evaluate.
 """
@@ -17,7 +19,7 @@ import time
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.core import attrs
 from autotune.core.attrs import BASELINE
@@ -26,40 +28,37 @@ from autotune.measure.config import Progress, Quiet, StudyConfig
 from autotune.core.errors import BadInput, StudyFailed
 from autotune.study.optuna_private import stale_trial_ids, storage_of, trial_id
 from autotune.core.space import SearchSpace
-from autotune.study.trials import waiting, SCHEDULE_KEY, baseline_trial, counts, finished
+from autotune.study.trials import SCHEDULE_KEY, counts
 from autotune.study.strategy import ensure_eagle3_trace, needs_trace, plan, trace_draft
 from autotune.study.storage import dead_here, has_heartbeat, worker_id
+from autotune.study.view import StudyView
 from autotune.core.workload import Workload
 from autotune.run import launcher
 from autotune.study import budget
 
 from autotune.study.opening import describe, open_study, queue_first
-from autotune.study.record import duplicate_of, frozen, mark_interrupted, run_one
+from autotune.study.record import duplicate_of, mark_interrupted, run_one
 from autotune.study.remeasure import extra_work
 
 __all__ = ["open_study", "run_study"]
 
 
-def _running(study: optuna.Study) -> list[FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-
-
-def _fail_stale(study: optuna.Study) -> int:
+def _fail_stale(study: optuna.Study, view: StudyView) -> int:
     """Fail RUNNING trials whose worker is gone: a dead pid on this host, or (RDB storages) no
     heartbeat for GRACE_S, wherever it ran. Live workers' trials are left alone. Returns how many."""
-    gone = [(t, "interrupted (its worker process is gone)") for t in dead_here(study)]
+    gone = [(t, "interrupted (its worker process is gone)") for t in dead_here(view)]
     if has_heartbeat(storage_of(study)):
         stale = stale_trial_ids(study)
-        gone += [(t, "interrupted (its worker stopped: no heartbeat)") for t in _running(study) if trial_id(t) in stale]
+        gone += [(t, "interrupted (its worker stopped: no heartbeat)") for t in view.running if trial_id(t) in stale]
     for t, failure in gone:
         mark_interrupted(study, t, failure)
     return len(gone)
 
 
-def _retry_interrupted(study: optuna.Study, *, left_out: bool = False) -> None:
+def _retry_interrupted(study: optuna.Study, view: StudyView, *, left_out: bool = False) -> None:
     """Queue again each interrupted candidate that has not been measured since; with ``left_out``
     (a resumed study, whose budget may be larger now) each one left out when the budget ran out, too."""
-    trials = study.get_trials(deepcopy=False)
+    trials = view.trials
     done = {Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() for t in trials
             if counts(t) or t.state in (TrialState.WAITING, TrialState.RUNNING)}
     for t in trials:
@@ -85,14 +84,15 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
     progress = progress or Quiet()
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
     study = open_study(cfg)
-    _fail_stale(study)
+    _fail_stale(study, StudyView.of(study))
+    view = StudyView.of(study)
     if resume:
-        _retry_interrupted(study, left_out=True)
-    elif finished(study):
+        _retry_interrupted(study, view, left_out=True)
+    elif view.finished:
         raise BadInput(f"--study: {cfg.name!r} already has trials in {cfg.results_dir}; "
                        "pass --resume to continue it (or to join its workers) or choose another --study name")
-    describe(study, cfg, workload, space)
-    queue_first(study, space, enqueue, deployed)
+    describe(study, view, cfg, workload, space)
+    queue_first(study, StudyView.of(study), space, enqueue, deployed)
     clock = budget.Clock(cfg.time_budget_s)  # --time-budget counts from here
     # vLLM imported once for every trial's worker and server; it preloads the real engine's imports,
     # so a study of another engine module (the tests' fake one) is not worth its start
@@ -146,34 +146,40 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
     while asks < 4 * cfg.n_trials + 4:
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
-        if _fail_stale(study):
-            _retry_interrupted(study)
-        running = _running(study)
-        spent = len(finished(study)) + len([t for t in running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]) \
+        view = StudyView.of(study)  # this step's reading of the study
+        if _fail_stale(study, view):
+            _retry_interrupted(study, StudyView.of(study))
+            view = StudyView.of(study)
+        running = view.running
+        spent = len(view.finished) + len([t for t in running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]) \
             >= cfg.n_trials
-        if not spent and not timed_out and budget.out_of_time(study, cfg, clock):
-            timed_out = budget.left_out_line(study, cfg, clock)
+        if not spent and not timed_out and budget.out_of_time(view, cfg, clock):
+            timed_out = budget.left_out_line(view, cfg, clock)
             study.set_user_attr(attrs.STOPPED, timed_out)
             progress.note(timed_out)
         spent = spent or bool(timed_out)
         # The budget is used: configs still queued are left out (each asked, then told why) before a depth
         # schedule and the fresh-engine re-measurements, which come on top of it, are queued behind them.
-        if spent and not _queued_in_budget(study) and not _extra(study, space, cfg, clock):
-            return
-        base = baseline_trial(study)
+        if spent and not _queued_in_budget(view):
+            if not _extra(study, view, space, cfg, clock):
+                return
+            view = StudyView.of(study)  # what was just queued goes first
+        base = view.baseline
         if base is None and any(t.user_attrs.get(attrs.ROLE) == BASELINE for t in running):
             time.sleep(1.0)  # another worker measures the reference; candidates are judged against it
             continue
-        if base is not None and not waiting(study):
-            if line := ensure_eagle3_trace(study, space, cfg):
+        if base is not None and not view.waiting:
+            if line := ensure_eagle3_trace(study, view, space, cfg):
                 progress.note(line)
-            if needs_trace(space, cfg.settings) and (failure := trace_draft(study, space, cfg, env, cfg.results_dir)):
+            if needs_trace(space, cfg.settings) and \
+                    (failure := trace_draft(study, view, space, cfg, env, cfg.results_dir)):
                 progress.note(f"draft trace failed: {failure}; draft_model candidates are measured without a "
                               f"forecast (worker log: {cfg.results_dir / 'draft-trace' / 'worker.log'})")
-            step = plan(study, space, cfg.strategy, cfg.settings.max_model_len, past_edge=cfg.past_edge)
+            view = StudyView.of(study)  # the traces just kept (if any) are what the forecasts read
+            step = plan(view, space, cfg.strategy, cfg.settings.max_model_len, past_edge=cfg.past_edge)
             if step.stop:
                 study.set_user_attr(attrs.STOPPED, step.why)
-                if _extra(study, space, cfg, clock):
+                if _extra(study, view, space, cfg, clock):
                     continue
                 return
             if step.params is not None:
@@ -183,8 +189,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         trial = study.ask()
         trial.set_user_attr(attrs.WORKER, worker_id(thread))
         is_base = base is None
+        fixed = StudyView.of(study).trial(trial.number).system_attrs.get("fixed_params")  # a queued config's
         if is_base:  # the reference comes first; a candidate popped ahead of it goes back in line
-            fixed = frozen(study, trial.number).system_attrs.get("fixed_params")
             if fixed and trial.user_attrs.get(attrs.ROLE) != BASELINE:
                 study.enqueue_trial(fixed)
             trial.set_user_attr(attrs.ROLE, BASELINE)
@@ -197,46 +203,48 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             cand = Candidate({**cand.params, **trial.user_attrs[attrs.PAST_EDGE]})
         trial.set_user_attr(attrs.CANDIDATE, cand.params)
         trial.set_user_attr(attrs.LABEL, cand.label)
-        if spent and _leave_out(study, trial, cand, cfg, progress, timed_out=bool(timed_out)):
+        if spent and _leave_out(study, trial, cand, cfg, progress, queued=bool(fixed), timed_out=bool(timed_out)):
             asks -= 1  # the queue is finite: leaving a config out asks the sampler nothing
             continue
-        dup = None if attrs.role(trial) == attrs.REMEASURE else duplicate_of(study, cand, trial.number, is_base)
+        # Read after the candidate is recorded: of two workers that drew one config, the later sees the earlier.
+        view = StudyView.of(study)
+        dup = None if attrs.role(trial) == attrs.REMEASURE else duplicate_of(view, cand, trial.number, is_base)
         if dup is not None:  # never measure the same config twice without meaning to
             trial.set_user_attr(attrs.DUPLICATE_OF, dup)
             study.tell(trial, state=TrialState.PRUNED)
             duplicates += 1
             continue
-        if not is_base and (line := ensure_eagle3_trace(study, space, cfg, cand.params)):
-            progress.note(line)  # a --try or grid eagle3 trial gets its forecast too
-        run_one(study, trial, cand, workload, space, cfg, progress, is_base, env=env, stop=stop)
-        if is_base and baseline_trial(study) is None:
-            reason = frozen(study, trial.number).user_attrs.get(attrs.FAILURE, "unknown")
+        if not is_base and attrs.EAGLE3_TRACE not in view.user_attrs:  # a --try or grid eagle3 trial's forecast
+            if line := ensure_eagle3_trace(study, view, space, cfg, cand.params):
+                progress.note(line)
+            view = StudyView.of(study)  # the trace just kept (if any) is what the forecast reads
+        run_one(study, view, trial, cand, workload, space, cfg, progress, is_base, env=env, stop=stop)
+        if is_base and (after := StudyView.of(study)).baseline is None:
+            reason = after.trial(trial.number).user_attrs.get(attrs.FAILURE, "unknown")
             raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
-    why = (f"{duplicates} of {asks} asks drew a config already measured, with {len(finished(study))} of the "
-           f"{cfg.n_trials} trials used: the space may hold no new config for this sampler")
+    why = (f"{duplicates} of {asks} asks drew a config already measured, with {len(StudyView.of(study).finished)} "
+           f"of the {cfg.n_trials} trials used: the space may hold no new config for this sampler")
     study.set_user_attr(attrs.STOPPED, why)
     progress.note(f"stopped: {why}")
 
 
-def _extra(study: optuna.Study, space: SearchSpace, cfg: StudyConfig, clock: budget.Clock) -> bool:
+def _extra(study: optuna.Study, view: StudyView, space: SearchSpace, cfg: StudyConfig, clock: budget.Clock) -> bool:
     """Queue work on top of the trials (autotune.study.remeasure.extra_work) while --time-budget allows it."""
-    return budget.extra_allowed(study, cfg, clock) and extra_work(study, space, cfg)
+    return budget.extra_allowed(view, cfg, clock) and extra_work(study, view, space, cfg)
 
 
-def _queued_in_budget(study: optuna.Study) -> bool:
+def _queued_in_budget(view: StudyView) -> bool:
     """Configs waiting in the queue that would use the --trials budget (not a schedule's, not a re-measurement)."""
-    return any(attrs.role(t) not in attrs.OUTSIDE_BUDGET
-               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    return any(attrs.role(t) not in attrs.OUTSIDE_BUDGET for t in view.waiting)
 
 
 def _leave_out(study: optuna.Study, trial: optuna.Trial, cand: Candidate, cfg: StudyConfig,
-               progress: Progress, *, timed_out: bool = False) -> bool:
-    """A config from the queue (--try, a warm start, a plan) asked after the budget was used: told
-    as not measured, with one line saying so, so that what comes on top of the budget (the
-    fresh-engine re-measurements) is not starved behind it. False for anything else."""
+               progress: Progress, *, queued: bool, timed_out: bool = False) -> bool:
+    """A config from the queue (``queued``: --try, a warm start, a plan) asked after the budget was
+    used: told as not measured, with one line saying so, so that what comes on top of the budget
+    (the fresh-engine re-measurements) is not starved behind it. False for anything else."""
     role = attrs.role(trial)
-    if role in (BASELINE, attrs.EXTRA_BASELINE, *attrs.OUTSIDE_BUDGET) or \
-            not frozen(study, trial.number).system_attrs.get("fixed_params"):
+    if role in (BASELINE, attrs.EXTRA_BASELINE, *attrs.OUTSIDE_BUDGET) or not queued:
         return False
     used = "the --time-budget is used; --resume with a larger --time-budget" if timed_out else \
         f"the --trials budget of {cfg.n_trials} is used; --resume with a larger --trials"

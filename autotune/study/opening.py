@@ -7,7 +7,6 @@ import warnings
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from autotune.core import attrs
 from autotune.core.attrs import BASELINE, DEPLOYED
@@ -15,8 +14,9 @@ from autotune.measure.config import StudyConfig
 from autotune.core.errors import BadInput
 from autotune.measure.objectives import validate_objectives
 from autotune.core.space import SearchSpace
-from autotune.study.trials import SCHEDULE_KEY, baseline_trial
+from autotune.study.trials import SCHEDULE_KEY
 from autotune.study.storage import open_storage
+from autotune.study.view import StudyView
 from autotune.core.workload import Workload
 
 
@@ -49,10 +49,9 @@ def open_study(cfg: StudyConfig) -> optuna.Study:
     except optuna.exceptions.DuplicatedStudyError:
         # Made by an earlier run or by another worker. The same seed would replay the same random
         # configs (all duplicates now); a seed moved on by the trials so far stays reproducible.
-        n = len(storage.get_all_trials(storage.get_study_id_from_name(cfg.name), deepcopy=False))
-        study = optuna.load_study(study_name=cfg.name, storage=storage,
-                                  sampler=sampler(cfg.seed + 1 + n, cfg.strategy))
-    saved = study.user_attrs.get(attrs.OBJECTIVES)
+        study = optuna.load_study(study_name=cfg.name, storage=storage)
+        study.sampler = sampler(cfg.seed + 1 + len(StudyView.of(study).trials), cfg.strategy)
+    saved = StudyView.of(study).user_attrs.get(attrs.OBJECTIVES)
     if saved is not None and tuple(saved) != cfg.objectives:
         raise BadInput(f"--objectives: study {cfg.name!r} was created with {saved}, got {list(cfg.objectives)}")
     study.set_user_attr(attrs.OBJECTIVES, list(cfg.objectives))
@@ -86,9 +85,9 @@ def fingerprint(cfg: StudyConfig, workload: Workload, space: SearchSpace) -> dic
             "serve_flags": dict(s.serve_flags)}
 
 
-def check_fingerprint(study: optuna.Study, cfg: StudyConfig, mine: dict[str, Any]) -> None:
+def check_fingerprint(view: StudyView, cfg: StudyConfig, mine: dict[str, Any]) -> None:
     """Refuse to resume or join a study that another model, workload, space, load or instrument made."""
-    saved = study.user_attrs.get(attrs.FINGERPRINT)
+    saved = view.user_attrs.get(attrs.FINGERPRINT)
     if saved is None:  # made before fingerprints (or just created): this run defines it
         return
     differ = [k for k in mine if k in saved and saved[k] != mine[k]]
@@ -99,10 +98,12 @@ def check_fingerprint(study: optuna.Study, cfg: StudyConfig, mine: dict[str, Any
                        + "; use another --study name, or the study's own settings")
 
 
-def describe(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace) -> None:
-    """What the results files and reports read from the study itself."""
+def describe(study: optuna.Study, view: StudyView, cfg: StudyConfig, workload: Workload, space: SearchSpace
+             ) -> None:
+    """What the results files and reports read from the study itself (``view``: the study as read
+    before, whose fingerprint this run must match)."""
     mine = fingerprint(cfg, workload, space)
-    check_fingerprint(study, cfg, mine)
+    check_fingerprint(view, cfg, mine)
     study.set_user_attr(attrs.FINGERPRINT, mine)
     study.set_user_attr(attrs.WORKLOAD, workload.path)
     study.set_user_attr(attrs.SPACE, space.name)
@@ -116,14 +117,14 @@ def describe(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: S
     study.set_user_attr(attrs.STOPPED, None)  # a resumed study plans again
 
 
-def queue_first(study: optuna.Study, space: SearchSpace, enqueue: list[dict[str, Any]],
+def queue_first(study: optuna.Study, view: StudyView, space: SearchSpace, enqueue: list[dict[str, Any]],
                 deployed: dict[str, Any] | None) -> None:
     """The baseline first, then the deployed config, then the configs asked for."""
-    pending = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
-    if baseline_trial(study) is None and not any(attrs.role(t) == BASELINE for t in pending):
+    pending = [*view.waiting, *view.running]
+    if view.baseline is None and not any(attrs.role(t) == BASELINE for t in pending):
         # First in line (not skip_if_exists: an interrupted baseline must run again).
         study.enqueue_trial(space.baseline_trial_params(), user_attrs={attrs.ROLE: BASELINE, attrs.QUEUED: True})
-    if deployed is not None and not any(attrs.role(t) == DEPLOYED for t in study.get_trials(deepcopy=False)):
+    if deployed is not None and not any(attrs.role(t) == DEPLOYED for t in view.trials):
         study.enqueue_trial(optuna_params(deployed), user_attrs={attrs.ROLE: DEPLOYED, **ranges_attr(deployed)})
     for params in enqueue:
         study.enqueue_trial(optuna_params(params), user_attrs={attrs.ASKED: True, **ranges_attr(params)},

@@ -5,8 +5,8 @@ no heartbeat context for ask/tell (only ``Study.optimize`` starts one), and no q
 trials that leaves them RUNNING (``fail_stale_trials`` fails them first, after which a trial can
 take no user attribute, so the reason could not be recorded). These helpers use what
 ``Study.optimize`` itself uses; pyproject.toml caps Optuna below its next major version, where
-any of them may move. (Also: Optuna's Pareto front over a subset of a study's trials, which
-``Study.best_trials`` does not take.)
+any of them may move. (The Pareto front over a subset of a study's trials, which ``Study.best_trials``
+does not take, is computed locally: autotune.study.pareto.pareto_front.)
 """
 
 from __future__ import annotations
@@ -50,10 +50,3 @@ def trial_id(t: FrozenTrial | optuna.Trial) -> int:
 def storage_of(study: optuna.Study) -> BaseStorage:
     return study._storage
 
-
-def pareto_front(study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """Optuna's own Pareto front (what ``Study.best_trials`` computes) over ``trials`` only, with its
-    constraints: for a front over a subset of a study's trials (their current records)."""
-    from optuna.study._multi_objective import _get_pareto_front_trials_by_trials
-
-    return _get_pareto_front_trials_by_trials(trials, study.directions, consider_constraint=True)

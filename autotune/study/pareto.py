@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import optuna
 import pandas as pd
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core import attrs
 from autotune.core.candidate import Candidate
 from autotune.measure.metrics import instances_of, paired_interval, ratio_interval
 from autotune.measure.objectives import metric_key, parse_key, windows_key
-from autotune.study.trials import feasible, is_schedule, reference_trial, superseded
+from autotune.study.trials import feasible, is_schedule
+from autotune.study.view import StudyView
 
 METRIC_COLUMNS = ("output_tok_s", "output_tok_s_mad", "windows", "req_s", "ttft_ms_p50", "ttft_ms_p95",
                   "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "e2e_ms_p95", "acceptance_rate", "mean_accepted_length",
@@ -25,16 +27,24 @@ LEVEL_COLUMNS = ("output_tok_s", "windows", "noisy", "ttft_ms_p50", "tpot_ms_p50
                  "acceptance_rate")
 
 
-def pareto_trials(study: optuna.Study, *, schedules: bool = True) -> list[FrozenTrial]:
-    """Optuna's Pareto front over feasible trials only (a wrong config is never on it); a trial
-    measured again on a fresh engine is there as its pooled re-measurement. ``schedules=False``:
-    the front of fixed-depth configs (a schedule is the pick only by autotune.study.schedule's checks)."""
-    from autotune.study.optuna_private import pareto_front
+def pareto_front(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> list[FrozenTrial]:
+    """The trials no other of ``trials`` dominates (at least as good on every objective and better on
+    one), as Optuna's ``Study.best_trials`` defines it, over any set of trials: equal values keep both."""
+    signs = [1 if d == StudyDirection.MAXIMIZE else -1 for d in directions]
 
-    old = superseded(study)
-    current = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-               if t.number not in old and (schedules or not is_schedule(t))]
-    return sorted((t for t in pareto_front(study, current) if feasible(t)), key=lambda t: t.number)
+    def dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
+        pairs = [(s * x, s * y) for s, x, y in zip(signs, a.values, b.values)]
+        return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
+
+    return [t for t in trials if not any(dominates(o, t) for o in trials if o is not t)]
+
+
+def pareto_trials(view: StudyView, *, schedules: bool = True) -> list[FrozenTrial]:
+    """The Pareto front of the current records, feasible ones only (a wrong config is never on it):
+    a trial measured again on a fresh engine is there as its pooled re-measurement. ``schedules=False``:
+    the front of fixed-depth configs (a schedule is the pick only by autotune.study.schedule's checks)."""
+    current = [t for t in view.current if feasible(t) and (schedules or not is_schedule(t))]
+    return sorted(pareto_front(current, view.directions), key=lambda t: t.number)
 
 
 LOSSY_MIN_GAIN = 0.03  # default --lossy-min-gain
@@ -61,7 +71,7 @@ class Choice:
     min_gain: float = LOSSY_MIN_GAIN
 
 
-def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choice | None:
+def choose(view: StudyView, *, lossy_min_gain: float | None = None) -> Choice | None:
     """The Pareto trial that is best on the first (primary) objective, lossless first.
 
     A lossy pick (KV dtype, dtype, quantization) stands only where its gain over the best feasible
@@ -69,30 +79,28 @@ def choose(study: optuna.Study, *, lossy_min_gain: float | None = None) -> Choic
     (default: the study's ``lossy_min_gain`` attribute, else LOSSY_MIN_GAIN). Otherwise that lossless
     trial is the pick; the Pareto front still shows both.
     """
-    front = pareto_trials(study, schedules=False)
+    front = pareto_trials(view, schedules=False)
     if not front:
         return None
-    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-    sign = 1 if maximize else -1
+    sign = view.sign
+    maximize = sign == 1
     # On a tie, the record with more evidence (pooled over fresh engines) goes first.
-    best = _held(study, front, max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs)),
+    best = _held(view, front, max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs)),
                  sign)
-    old = superseded(study)
-    lossless = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy and t.number not in old
-                and not is_schedule(t)]
+    lossless = [t for t in view.current
+                if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy and not is_schedule(t)]
     if not Candidate(best.user_attrs[attrs.CANDIDATE]).lossy or not lossless:
         return Choice(best)
     rival = max(lossless, key=lambda t: sign * t.values[0])
-    gain = study.user_attrs.get(attrs.LOSSY_MIN_GAIN, LOSSY_MIN_GAIN) if lossy_min_gain is None else lossy_min_gain
-    objective = (study.user_attrs.get(attrs.OBJECTIVES) or ["output_tok_s"])[0]
+    gain = view.user_attrs.get(attrs.LOSSY_MIN_GAIN, LOSSY_MIN_GAIN) if lossy_min_gain is None else lossy_min_gain
+    objective = (view.user_attrs.get(attrs.OBJECTIVES) or ["output_tok_s"])[0]
     lo, hi = lossy_gain(best, rival, objective, maximize)
     if lo == lo and lo > 1 + gain:
         return Choice(best, min_gain=gain)
     return Choice(rival, passed_over=best, gain=(lo, hi), min_gain=gain)
 
 
-def _held(study: optuna.Study, front: list[FrozenTrial], best: FrozenTrial, sign: int) -> FrozenTrial:
+def _held(view: StudyView, front: list[FrozenTrial], best: FrozenTrial, sign: int) -> FrozenTrial:
     """``best``, unless it rests on one engine and the front's best record pooled over fresh engines
     is within the study's measured spread between instances of it (issue 24): fresh engines of one
     config differ by 8-20% on a shared machine, so such a lead is noise, and re-measuring the new
@@ -104,14 +112,13 @@ def _held(study: optuna.Study, front: list[FrozenTrial], best: FrozenTrial, sign
         return best
     held = max(pooled, key=lambda t: sign * t.values[0])
     spread = max((attrs.measurement(t).get("instance_spread") or 0.0)
-                 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                 if attrs.REMEASURE_OF in t.user_attrs)
+                 for t in view.completed if attrs.REMEASURE_OF in t.user_attrs)
     return best if sign * (best.values[0] - held.values[0]) > spread * abs(held.values[0]) else held
 
 
-def pick_best(study: optuna.Study, *, lossy_min_gain: float | None = None) -> FrozenTrial | None:
+def pick_best(view: StudyView, *, lossy_min_gain: float | None = None) -> FrozenTrial | None:
     """The chosen trial (see ``choose``)."""
-    c = choose(study, lossy_min_gain=lossy_min_gain)
+    c = choose(view, lossy_min_gain=lossy_min_gain)
     return c.trial if c else None
 
 
@@ -151,18 +158,18 @@ def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 PREDICTED_COLUMNS = ("speedup", "lo", "hi", "step_cost", "tokens_per_step", "mean_accepted_length", "basis")
 
 
-def trials_frame(study: optuna.Study) -> pd.DataFrame:
+def trials_frame(view: StudyView) -> pd.DataFrame:
     """One row per measured or failed trial: params, metrics, verdict, failure reason, speedup."""
-    base = reference_trial(study)
+    base = view.reference
     base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
-    front = {t.number for t in pareto_trials(study)}
-    old = superseded(study)
+    front = {t.number for t in pareto_trials(view)}
+    old = view.superseded
     # Every objective gets a column, so that a report can draw the front from this table alone.
     # Extra load levels (objective@level): the headline metrics at each level as well.
-    at_levels = [metric_key(k, lvl) for lvl in study.user_attrs.get(attrs.LEVELS, [])[1:] for k in LEVEL_COLUMNS]
-    metrics = dict.fromkeys((*METRIC_COLUMNS, *study.user_attrs.get(attrs.OBJECTIVES, []), *at_levels))
+    at_levels = [metric_key(k, lvl) for lvl in view.user_attrs.get(attrs.LEVELS, [])[1:] for k in LEVEL_COLUMNS]
+    metrics = dict.fromkeys((*METRIC_COLUMNS, *view.user_attrs.get(attrs.OBJECTIVES, []), *at_levels))
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    for t in view.trials:
         pruned = t.state == TrialState.PRUNED and attrs.PRUNED_WHY in t.user_attrs  # stopped early, with why
         if attrs.DUPLICATE_OF in t.user_attrs or (t.state not in (TrialState.COMPLETE, TrialState.FAIL) and not pruned):
             continue

@@ -20,8 +20,9 @@ from autotune.forecast.forecast import Forecast
 from autotune.measure.metrics import pool
 from autotune.study.optuna_private import heartbeat, set_trial_attr
 from autotune.core.space import SearchSpace
-from autotune.study.trials import SCHEDULE_KEY, baseline_trial, counts, trial_dir
+from autotune.study.trials import SCHEDULE_KEY, counts, trial_dir
 from autotune.study.strategy import forecast_for
+from autotune.study.view import StudyView
 from autotune.run.worker import PRUNED, TrialOutcome, explain, run_trial
 from autotune.study.budget import trial_timeout
 from autotune.core.workload import Workload
@@ -36,33 +37,28 @@ def mark_interrupted(study: optuna.Study, t: FrozenTrial | optuna.Trial, failure
     study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
 
 
-def frozen(study: optuna.Study, number: int) -> FrozenTrial:
-    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-
-
-def duplicate_of(study: optuna.Study, cand: Candidate, number: int, is_base: bool) -> int | None:
+def duplicate_of(view: StudyView, cand: Candidate, number: int, is_base: bool) -> int | None:
     """A trial already measuring or measured ``cand`` (for the baseline: the baseline that goes first).
 
-    Workers record the candidate before this check, so of two workers that drew the same config
-    at once, the later to record it always sees the earlier one: it is never measured twice.
+    Workers record the candidate before this check, and ``view`` is read after that, so of two
+    workers that drew the same config at once, the later to record it always sees the earlier one:
+    it is never measured twice.
     """
     if is_base:
-        return _other_baseline(study, number)
+        return _other_baseline(view, number)
     key = cand.key()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING,
-                                                      TrialState.PRUNED)):
+    for t in view.in_state(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING, TrialState.PRUNED):
         if t.number != number and (counts(t) or t.state == TrialState.RUNNING) and \
                 Candidate(t.user_attrs.get(attrs.CANDIDATE, {})).key() == key:
             return t.number
     return None
 
 
-def _other_baseline(study: optuna.Study, number: int) -> int | None:
+def _other_baseline(view: StudyView, number: int) -> int | None:
     """The baseline trial this one gives way to, if any. A queued baseline carries its role from the
     start, so among queued ones the lowest number goes first with no race; a baseline made on the
     fly (nothing queued was popped) gives way to any other. A failed one may be tried again."""
-    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING,
-                                                                  TrialState.COMPLETE))
+    trials = [t for t in view.in_state(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE)
               if t.user_attrs.get(attrs.ROLE) == BASELINE and attrs.DUPLICATE_OF not in t.user_attrs]
     me = next((t for t in trials if t.number == number), None)
     queued = me is not None and me.user_attrs.get(attrs.QUEUED)
@@ -74,26 +70,28 @@ def _other_baseline(study: optuna.Study, number: int) -> int | None:
     return None
 
 
-def _reference(study: optuna.Study) -> Reference:
-    ua = baseline_trial(study).user_attrs
+def _reference(view: StudyView) -> Reference:
+    ua = view.baseline.user_attrs
     return Reference(ua.get(attrs.OUTPUTS, []), ua.get(attrs.SAMPLES, {}), ua.get(attrs.SCORES, {}),
-                     tuple(study.user_attrs.get(attrs.NUMERICS_FLOOR, ())))
+                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())))
 
 
-def run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload: Workload,
-             space: SearchSpace, cfg: StudyConfig, progress: Progress, is_base: bool, *, env: dict[str, str],
-             stop: threading.Event | None) -> None:
+def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Candidate, workload: Workload,
+            space: SearchSpace, cfg: StudyConfig, progress: Progress, is_base: bool, *, env: dict[str, str],
+            stop: threading.Event | None) -> None:
+    """Measure ``trial`` (asked, its candidate recorded) and tell Optuna. ``study``: for the heartbeat
+    and the tell; ``view``: the study as read after the ask, which every judgement reads."""
     n = trial.number
     progress.trial_started(n, cand.label)
-    reference = None if is_base else _reference(study)
+    reference = None if is_base else _reference(view)
     forecast = None if is_base or SCHEDULE_KEY in cand.params else \
-        forecast_for(study, space, cand.params, cfg.settings.max_model_len)
+        forecast_for(view, space, cand.params, cfg.settings.max_model_len)
     if forecast is not None:  # what the model expected, before the measurement can tell it
         trial.set_user_attr(attrs.PREDICTED, forecast.to_dict())
     job = trial_job(cand, workload, cfg, reference)
     trial.set_user_attr(attrs.DEVICES, env)
     prune, why = threading.Event(), []
-    judge = _pruner(study, cfg, cand, trial, forecast, is_base)
+    judge = _pruner(view, cfg, cand, trial, forecast, is_base)
 
     def on_event(e: dict[str, Any]) -> None:
         progress.trial_event(n, e)
@@ -106,7 +104,7 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload:
     try:
         # Heartbeats (RDB storages) tell other workers this trial is alive; Optuna's own thread does it.
         with heartbeat(study, trial):
-            outcome = run_trial(job, trial_dir(cfg.results_dir, n), timeout_s=trial_timeout(study, cfg), env=env,
+            outcome = run_trial(job, trial_dir(cfg.results_dir, n), timeout_s=trial_timeout(view, cfg), env=env,
                                 stop=stop, on_event=on_event, prune=prune)
     except KeyboardInterrupt:
         mark_interrupted(study, trial, "interrupted by the user")  # --resume measures it again
@@ -117,30 +115,29 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cand: Candidate, workload:
         study.tell(trial, state=TrialState.PRUNED)
         progress.trial_finished(n, cand.label, f"pruned after its first window: {why[0]}")
         return
-    summary = _record(study, trial, cand, outcome, job, cfg, reference)
+    summary = _record(study, view, trial, cand, outcome, job, cfg, reference)
     if attrs.REMEASURE_OF in trial.user_attrs:
         summary = f"fresh engine, pooled with trial {trial.user_attrs[attrs.REMEASURE_OF]}: {summary}"
-    if forecast is not None:
-        summary += "; " + _against(study, trial.number, forecast)
+    if forecast is not None:  # read after the tell: the trial as told, the baseline's record as it is now
+        summary += "; " + _against(StudyView.of(study), trial.number, forecast)
     progress.trial_finished(n, cand.label, summary)
 
 
-def _pruner(study: optuna.Study, cfg: StudyConfig, cand: Candidate, trial: optuna.Trial, forecast: Forecast | None,
+def _pruner(view: StudyView, cfg: StudyConfig, cand: Candidate, trial: optuna.Trial, forecast: Forecast | None,
             is_base: bool) -> Callable[[float], str | None] | None:
     """For a candidate the study may stop early (``--prune``): a function of its first window's
     throughput that says why it cannot reach the best measured config (autotune.forecast.policy.hopeless),
     or None. Not for the baseline, re-measurements, a depth schedule's or a deployed config's trials,
     studies with several load levels (a config slow at one may win at another), a first objective
     other than throughput, or a config the user asked for (--try)."""
-    from autotune.study.trials import reference_trial
     from autotune.forecast.policy import NOISE_MIN, hopeless
     from autotune.study.strategy import study_model
 
     if not cfg.prune or is_base or cfg.extra_loads or cfg.objectives[0] != "output_tok_s" \
             or attrs.role(trial) is not None or SCHEDULE_KEY in cand.params or trial.user_attrs.get(attrs.ASKED):
         return None  # a config the user asked for (--try) is measured whole
-    got = study_model(study, None, cfg.settings.max_model_len)
-    base = reference_trial(study)
+    got = study_model(view, None, cfg.settings.max_model_len)
+    base = view.reference
     if got is None or base is None or not attrs.measurement(base).get("output_tok_s"):
         return None
     model, observations, _ = got
@@ -154,11 +151,9 @@ def _pruner(study: optuna.Study, cfg: StudyConfig, cand: Candidate, trial: optun
     return lambda tok_s: hopeless(tok_s / base_tok_s, best.speedup, noise, hi)
 
 
-def _against(study: optuna.Study, number: int, forecast: Forecast) -> str:
+def _against(view: StudyView, number: int, forecast: Forecast) -> str:
     """Predicted beside measured, in one line."""
-    from autotune.study.trials import reference_trial
-
-    t, base = frozen(study, number), reference_trial(study)
+    t, base = view.trial(number), view.reference
     said = (f"predicted {forecast.speedup:.2f}x [{forecast.lo:.2f}-{forecast.hi:.2f}]" if forecast.speedup is not None
             else "no prediction")
     if t.state != TrialState.COMPLETE or not attrs.measurement(base).get("output_tok_s"):
@@ -180,7 +175,7 @@ def pooled(ev: Evaluation, before: FrozenTrial, cfg: StudyConfig) -> Evaluation:
                    slo_missed=missed)
 
 
-def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: TrialOutcome,
+def _record(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Candidate, outcome: TrialOutcome,
             job: dict[str, Any], cfg: StudyConfig, reference: Reference | None) -> str:
     """Judge the outcome and tell Optuna: values, constraints, and everything a report reads."""
     if outcome.raw is None:
@@ -189,14 +184,15 @@ def _record(study: optuna.Study, trial: optuna.Trial, cand: Candidate, outcome: 
         study.tell(trial, state=TrialState.FAIL)
         return f"failed: {outcome.failure}{cause}"
     of = trial.user_attrs.get(attrs.REMEASURE_OF)
-    base = baseline_trial(study)
+    base = view.baseline
     second = reference is not None and of is not None and base is not None and of == base.number
     ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference, second_baseline=second)
     if second:  # the baseline's floor: it widens every later verdict's near-tie threshold
-        floor = [*study.user_attrs.get(attrs.NUMERICS_FLOOR, ()), *ev.verdict.flip_margins]
+        # ``view`` holds every earlier floor: a round is queued only when the one before it has ended
+        floor = [*view.user_attrs.get(attrs.NUMERICS_FLOOR, ()), *ev.verdict.flip_margins]
         study.set_user_attr(attrs.NUMERICS_FLOOR, floor)
     if of is not None and not ev.failure:  # one record of both engine instances (autotune.measure.metrics.pool)
-        ev = pooled(ev, frozen(study, of), cfg)
+        ev = pooled(ev, view.trial(of), cfg)
     trial.set_user_attr(attrs.MEASUREMENT, ev.measurement)
     trial.set_user_attr(attrs.VERDICT, ev.verdict.to_dict())
     for key, value in ev.constraints.items():

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.core import attrs
 from autotune.study.trials import SCHEDULE_KEY
@@ -34,6 +34,9 @@ from autotune.measure.objectives import WINDOWS, metric_key
 
 TOP_BATCH = 256  # the last range's end; vLLM carries the last depth on past it anyway
 METRIC = "output_tok_s"
+
+if TYPE_CHECKING:
+    from autotune.study.view import StudyView
 
 
 def key_at(metric: str, level: str, primary: str, suffix: str = "") -> str:
@@ -174,31 +177,29 @@ def judge(schedule: Mapping[str, Any], fixed: Mapping[str, tuple[str, Mapping[st
     return out
 
 
-# --- a live study ---------------------------------------------------------------------------
+# --- a live study (as read once: autotune.study.view) ------------------------------------------
 
-def levels_of(study: Any) -> list[str]:
-    return list(study.user_attrs.get(attrs.LEVELS) or [])
+def levels_of(view: StudyView) -> list[str]:
+    return list(view.user_attrs.get(attrs.LEVELS) or [])
 
 
-def schedulable(study: Any) -> bool:
+def schedulable(view: StudyView) -> bool:
     """Two or more concurrency levels: a schedule has something to choose between."""
-    return sum(batch_of(x) is not None for x in levels_of(study)) >= 2
+    return sum(batch_of(x) is not None for x in levels_of(view)) >= 2
 
 
-def _family(study: Any, pick_params: Mapping[str, Any]) -> dict[int, Any]:
+def _family(view: StudyView, pick_params: Mapping[str, Any]) -> dict[int, Any]:
     """Depth -> the current record of each measured member of the pick's family (the baseline: 0)."""
-    from optuna.trial import TrialState
-
-    from autotune.study.trials import feasible, reference_trial, superseded
+    from autotune.study.trials import feasible
 
     rest = {k: v for k, v in pick_params.items() if k not in ("num_speculative_tokens", SCHEDULE_KEY)}
-    old, out = superseded(study), {}
-    ref = reference_trial(study)
+    out = {}
+    ref = view.reference
     if ref is not None:
         out[0] = ref
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for t in view.current:
         c = attrs.candidate(t)
-        if t.number in old or not feasible(t) or SCHEDULE_KEY in c or attrs.role(t) == attrs.BASELINE:
+        if not feasible(t) or SCHEDULE_KEY in c or attrs.role(t) == attrs.BASELINE:
             continue
         if {k: v for k, v in c.items() if k != "num_speculative_tokens"} == rest and c.get("num_speculative_tokens"):
             k = int(c["num_speculative_tokens"])
@@ -207,12 +208,12 @@ def _family(study: Any, pick_params: Mapping[str, Any]) -> dict[int, Any]:
     return out
 
 
-def _models(study: Any, max_model_len: int | None) -> dict[str, Any]:
+def _models(view: StudyView, max_model_len: int | None) -> dict[str, Any]:
     """Level -> the study's model calibrated at that level (autotune.study.strategy.study_model), or None."""
     from autotune.study.strategy import study_model
 
-    levels = levels_of(study)
-    return {x: study_model(study, None, max_model_len, level=None if x == levels[0] else x) for x in levels}
+    levels = levels_of(view)
+    return {x: study_model(view, None, max_model_len, level=None if x == levels[0] else x) for x in levels}
 
 
 def _noise(models: Mapping[str, Any]) -> float:
@@ -222,45 +223,43 @@ def _noise(models: Mapping[str, Any]) -> float:
     return max((max(FLOOR, got[0].noise) if got else FLOOR) for got in models.values())
 
 
-def instance_spread(study: Any) -> float:
+def instance_spread(view: StudyView) -> float:
     """The most one config's throughput moved between two engine instances in this study (its
     re-measurements on fresh engines; autotune.measure.metrics.pool), 0 where none was re-measured. The
     schedule and the fixed depths it is judged against each ran on one engine, so their ratio
     carries that spread whatever the windows inside one engine say."""
-    from optuna.trial import TrialState
-
-    return max((float(attrs.measurement(t).get("instance_spread") or 0.0)
-                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))), default=0.0)
+    return max((float(attrs.measurement(t).get("instance_spread") or 0.0) for t in view.completed), default=0.0)
 
 
-def next_step(study: Any, space: Any, max_model_len: int | None) -> dict[str, Any] | None:
+def next_step(study: Any, view: StudyView, space: Any, max_model_len: int | None) -> dict[str, Any] | None:
     """What the schedule needs measured next: ``{"params", "role", "why", "ranges"?}``, or None when
-    nothing (no levels, a pick no replay covers, or done). Records the outcome in the study."""
+    nothing (no levels, a pick no replay covers, or done). Records the outcome in the study
+    (``study``: for that only; ``view``: the study as this step read it)."""
     from optuna.trial import TrialState
 
     from autotune.forecast.forecast import SCHEDULED
     from autotune.study.pareto import choose
 
-    if not schedulable(study):
+    if not schedulable(view):
         return None
-    trials = study.get_trials(deepcopy=False)
+    trials = view.trials
     if any(attrs.role(t) in (attrs.SCHEDULE, attrs.DEPTH) and t.state in (TrialState.WAITING, TrialState.RUNNING)
            for t in trials):
         return None
     if any(attrs.role(t) == attrs.SCHEDULE and not attrs.is_interrupted(t) for t in trials):
         return None  # measured (or failed) once: judged in the results
-    choice = choose(study)
+    choice = choose(view)
     if choice is None:
         return None
     pick = attrs.candidate(choice.trial)
     if pick.get("method") not in SCHEDULED or not pick.get("num_speculative_tokens"):
         _note(study, "not needed", f"the pick ({choice.trial.user_attrs.get(attrs.LABEL)}) has no depth to schedule")
         return None
-    levels, primary = levels_of(study), levels_of(study)[0]
+    levels, primary = levels_of(view), levels_of(view)[0]
     depths = next((p.values() for p in space.params if p.name == "num_speculative_tokens"), ())
-    family = _family(study, pick)
+    family = _family(view, pick)
     tried = {int(attrs.candidate(t).get("num_speculative_tokens") or 0) for t in trials if attrs.role(t) == attrs.DEPTH}
-    models = _models(study, max_model_len)
+    models = _models(view, max_model_len)
     # 1. The forecast-best depth at each level, if not measured yet.
     for level in (x for x in levels if batch_of(x) is not None):
         got = models[level]
@@ -292,7 +291,7 @@ def _note(study: Any, status: str, why: str, **extra: Any) -> None:
     study.set_user_attr(attrs.SCHEDULE_PLAN, {"status": status, "why": why, **extra})
 
 
-def verdict(study: Any) -> dict[str, Any] | None:
+def verdict(view: StudyView) -> dict[str, Any] | None:
     """best.json's ``schedule``: the ranges, each level's check against the best fixed depth, and
     whether the schedule is the pick (``status`` "recommended", "fell back", "failed", "not needed").
 
@@ -300,11 +299,11 @@ def verdict(study: Any) -> dict[str, Any] | None:
     (``source`` says which); with neither, why the study planned none."""
     from optuna.trial import TrialState
 
-    from autotune.study.trials import counts, feasible, is_schedule, superseded
+    from autotune.study.trials import counts, feasible, is_schedule
 
-    plan = study.user_attrs.get(attrs.SCHEDULE_PLAN) or {}
-    old = superseded(study)
-    measured = [t for t in study.get_trials(deepcopy=False) if is_schedule(t) and t.number not in old and counts(t)]
+    plan = view.user_attrs.get(attrs.SCHEDULE_PLAN) or {}
+    old = view.superseded
+    measured = [t for t in view.trials if is_schedule(t) and t.number not in old and counts(t)]
     if not measured:
         if "ranges" in plan:
             return {**plan, "status": "not measured", "why": "the schedule was planned but not measured"}
@@ -318,13 +317,13 @@ def verdict(study: Any) -> dict[str, Any] | None:
         return {**out, "status": "failed", "why": t.user_attrs.get(attrs.FAILURE, "unknown")}
     if not feasible(t):
         return {**out, "status": "fell back", "why": "the scheduled config's outputs failed the correctness checks"}
-    levels, primary = levels_of(study), levels_of(study)[0]
+    levels, primary = levels_of(view), levels_of(view)[0]
     noise = plan.get("noise") if own and plan.get("noise") else \
-        _noise(_models(study, study.user_attrs.get(attrs.MAX_MODEL_LEN)))
-    spread = instance_spread(study)
+        _noise(_models(view, view.user_attrs.get(attrs.MAX_MODEL_LEN)))
+    spread = instance_spread(view)
     noise = max(noise, spread)
     out["noise"], out["instance_spread"] = noise, spread
-    members = _family(study, pick)
+    members = _family(view, pick)
     fixed = {}
     for level in levels:
         key = key_at(METRIC, level, primary)
@@ -335,7 +334,7 @@ def verdict(study: Any) -> dict[str, Any] | None:
     checks = judge(attrs.measurement(t), fixed, primary, noise)
     out["checks"] = [asdict(c) for c in checks]
     bad = [c for c in checks if not c.ok]
-    remeasured = any(attrs.REMEASURE_OF in x.user_attrs for x in study.get_trials(deepcopy=False))
+    remeasured = any(attrs.REMEASURE_OF in x.user_attrs for x in view.trials)
     said = f"{noise:.0%}" + (", the most a config moved between engine instances here" if spread >= noise else
                              "; no config was measured on a second engine, so how far engine instances differ is "
                              "not in it" if not remeasured else "")
@@ -349,10 +348,10 @@ def verdict(study: Any) -> dict[str, Any] | None:
             "why": f"within the noise ({said}) of the best fixed depth at every level and under the ramp"}
 
 
-def scheduled_trial(study: Any, v: dict[str, Any] | None = None) -> Any | None:
+def scheduled_trial(view: StudyView, v: dict[str, Any] | None = None) -> Any | None:
     """The schedule's trial when it is recommended (the pick), else None; ``v``: its ``verdict``
     where the caller has it already."""
-    v = verdict(study) if v is None else v
+    v = verdict(view) if v is None else v
     if not v or v.get("status") != "recommended":
         return None
-    return next(t for t in study.get_trials(deepcopy=False) if t.number == v["trial"])
+    return view.trial(v["trial"])

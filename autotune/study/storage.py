@@ -13,13 +13,16 @@ import os
 import re
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.storages import BaseStorage
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotune.core.errors import BadInput
+
+if TYPE_CHECKING:
+    from autotune.study.view import StudyView
 
 # A trial's parent records a heartbeat this often; a trial silent for GRACE_S is stale. Generous:
 # the parent only polls a worker process, but a loaded CI machine can stall it for seconds.
@@ -101,11 +104,10 @@ def _alive_here(worker: str | None) -> bool | None:
     return True
 
 
-def dead_here(study: optuna.Study) -> list[FrozenTrial]:
+def dead_here(view: StudyView) -> list[FrozenTrial]:
     """RUNNING trials whose worker ran on this host and is gone (its pid is dead). Workers on other
     hosts are judged by heartbeats (RDB storages, Optuna's ``fail_stale_trials``), after GRACE_S."""
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if _alive_here(t.user_attrs.get("worker")) is False]
+    return [t for t in view.running if _alive_here(t.user_attrs.get("worker")) is False]
 
 
 def load_saved(name: str, url: str, flag: str = "--study") -> optuna.Study:

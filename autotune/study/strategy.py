@@ -18,7 +18,7 @@ import math
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.core import attrs
 from autotune.core.candidate import Candidate
@@ -27,21 +27,24 @@ from autotune.measure.objectives import WINDOWS, metric_key
 from autotune.forecast.policy import (ASK, Step, next_in_grid,
                                       next_predicted, past_the_edge)
 
+if TYPE_CHECKING:
+    from autotune.study.view import StudyView
 
-# --- a live study ---------------------------------------------------------------------------
+
+# --- a live study (as read once: autotune.study.view) ------------------------------------------
 
 _tables: dict[tuple[Any, ...], AcceptanceTable] = {}
 _traces: dict[tuple[Any, ...], threading.Lock] = {}  # one lock per baseline and trace: each runs once
 _lock = threading.Lock()  # guards the two dicts only; never held while anything is computed or run
 
 
-def _baseline_key(study: Any, base: Any) -> tuple[str, int, str]:
+def _baseline_key(view: StudyView, base: Any) -> tuple[str, int, str]:
     # The study's name alone is not enough (two studies of one name in one process, e.g. a test
     # suite's, would share a stale table), so the baseline's start time is part of the key.
-    return study.study_name, base.number, str(base.datetime_start)
+    return view.name, base.number, str(base.datetime_start)
 
 
-def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str | None = None
+def study_model(view: StudyView, space: Any, max_model_len: int | None, *, level: str | None = None
                 ) -> tuple[Model, list[Observation], list[dict[str, Any]]] | None:
     """The calibrated model of a study with a baseline, its observations and its failed candidates.
 
@@ -50,16 +53,16 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
     from optuna.trial import TrialState
 
     from autotune.measure.metrics import ratio_interval
-    from autotune.study.trials import baseline_trial, counts, feasible, is_schedule, reference_trial, superseded
+    from autotune.study.trials import counts, feasible, is_schedule
 
-    base, ref = baseline_trial(study), reference_trial(study)
+    base, ref = view.baseline, view.reference
     if base is None:
         return None
-    old = superseded(study)
-    trace = study.user_attrs.get(attrs.DRAFT_TRACE) or {}
-    eagle3 = study.user_attrs.get(attrs.EAGLE3_TRACE) or {}
+    old = view.superseded
+    trace = view.user_attrs.get(attrs.DRAFT_TRACE) or {}
+    eagle3 = view.user_attrs.get(attrs.EAGLE3_TRACE) or {}
     # Replays are cached per baseline trial (and its traces, once there are).
-    key = (*_baseline_key(study, base), bool(trace.get("argmax")), trace.get("failure"), bool(eagle3.get("traces")))
+    key = (*_baseline_key(view, base), bool(trace.get("argmax")), trace.get("failure"), bool(eagle3.get("traces")))
     with _lock:
         table = _tables.get(key)
     if table is None:  # built outside the lock: two threads may both build it, the first kept
@@ -72,7 +75,7 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
 
     bm = attrs.measurement(ref)
     observations, failed = [Observation(attrs.candidate(base), 1.0, 1.0, 1.0)], []
-    for t in study.get_trials(deepcopy=False):
+    for t in view.trials:
         if t.number in (base.number, ref.number) or not counts(t) or attrs.role(t) == attrs.EXTRA_BASELINE \
                 or t.number in old:
             continue
@@ -93,27 +96,26 @@ def study_model(study: Any, space: Any, max_model_len: int | None, *, level: str
     return Model(table, observations, attrs.candidate(base), share), observations, failed
 
 
-def plan(study: Any, space: Any, strategy: str, max_model_len: int | None, *, past_edge: bool = False) -> Step:
+def plan(view: StudyView, space: Any, strategy: str, max_model_len: int | None, *, past_edge: bool = False) -> Step:
     """The strategy's next step for a live study (after its baseline)."""
     from optuna.trial import TrialState
 
     if strategy not in ("predict", "grid"):
         return ASK
-    busy = [attrs.candidate(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
-    got = study_model(study, space, max_model_len)
+    busy = [attrs.candidate(t) for t in view.running]
+    got = study_model(view, space, max_model_len)
     if got is None:
         return ASK
     model, observations, failed = got
     # A pruned candidate was tried (so not planned again), though no knob of it failed.
-    pruned = [attrs.candidate(t) for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
-              if attrs.PRUNED_WHY in t.user_attrs]
+    pruned = [attrs.candidate(t) for t in view.in_state(TrialState.PRUNED) if attrs.PRUNED_WHY in t.user_attrs]
     if strategy == "grid":
         tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy, *pruned]}
         return next_in_grid(space.grid(), tried)
     return next_predicted(space.grid(), model, observations, failed, [*busy, *pruned], past_edge=past_edge)
 
 
-def edge_report(study: Any, pick: Any) -> list[dict[str, Any]] | None:
+def edge_report(view: StudyView, pick: Any) -> list[dict[str, Any]] | None:
     """The pick on an edge of the study's space (its recorded one), with the forecast one step past
     it beside the pick's own forecast: whether widening the space could pay. None: no space, no
     baseline, or no pick."""
@@ -121,14 +123,14 @@ def edge_report(study: Any, pick: Any) -> list[dict[str, Any]] | None:
 
     from autotune.study.trials import is_schedule
 
-    resolved = study.user_attrs.get(attrs.SPACE_RESOLVED)
+    resolved = view.user_attrs.get(attrs.SPACE_RESOLVED)
     if pick is None or not resolved or is_schedule(pick):
         return None  # a depth schedule's pick has no single depth to look past
     try:
         space = reload_space(resolved)
     except Exception:  # noqa: BLE001 - a space this build cannot rebuild: no edge report
         return None
-    got = study_model(study, space, study.user_attrs.get(attrs.MAX_MODEL_LEN))
+    got = study_model(view, space, view.user_attrs.get(attrs.MAX_MODEL_LEN))
     if got is None:
         return None
     model, _, _ = got
@@ -138,8 +140,9 @@ def edge_report(study: Any, pick: Any) -> list[dict[str, Any]] | None:
              "pick_forecast": own.speedup} for k, top, beyond, f in past_the_edge(space.grid(), model, params)]
 
 
-def forecast_for(study: Any, space: Any, params: Mapping[str, Any], max_model_len: int | None) -> Forecast | None:
-    got = study_model(study, space, max_model_len)
+def forecast_for(view: StudyView, space: Any, params: Mapping[str, Any], max_model_len: int | None
+                 ) -> Forecast | None:
+    got = study_model(view, space, max_model_len)
     return None if got is None else got[0].forecast(params)
 
 
@@ -154,27 +157,28 @@ def needs_trace(space: Any, settings: Any) -> bool:
     return any(_traced(space, settings))
 
 
-def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_dir: Path) -> str | None:
+def trace_draft(study: Any, view: StudyView, space: Any, cfg: Any, env: dict[str, str], results_dir: Path
+                ) -> str | None:
     """One teacher-forced pass of the draft over the baseline's outputs (a worker job), kept in the
     study (``draft_trace``) so every forecast of a draft depth reads it; a failure is kept too, and
     returned (to the caller that ran the trace) for it to say. Workers that reach it meanwhile wait
     for this baseline's trace only: planning, forecasts and other studies go on. Where the space
-    searches eagle3 with a head, the head's chains are traced first (``trace_eagle3``)."""
+    searches eagle3 with a head, the head's chains are traced first (``trace_eagle3``).
+    ``study``: for keeping the trace; ``view``: the study as this step read it."""
     from autotune.forecast.predict import trace_job
     from autotune.run.engine import UNTIMED_ENV
-    from autotune.study.trials import baseline_trial
     from autotune.run.worker import run_trial
 
-    base = baseline_trial(study)
+    base = view.baseline
     draft, eagle3 = _traced(space, cfg.settings)
-    if base is not None and eagle3 and attrs.EAGLE3_TRACE not in study.user_attrs:
-        trace_eagle3(study, space, cfg, base)
-    if base is None or not draft or attrs.DRAFT_TRACE in study.user_attrs:
+    if base is not None and eagle3 and attrs.EAGLE3_TRACE not in view.user_attrs:
+        trace_eagle3(study, view, space, cfg, base)
+    if base is None or not draft or attrs.DRAFT_TRACE in view.user_attrs:
         return None
     with _lock:
-        mine = _traces.setdefault(_baseline_key(study, base), threading.Lock())
+        mine = _traces.setdefault(_baseline_key(view, base), threading.Lock())
     with mine:
-        if attrs.DRAFT_TRACE in study.user_attrs:
+        if _kept(study, attrs.DRAFT_TRACE):
             return None
         kwargs = {**space.baseline_candidate().engine_kwargs(cfg.settings), "model": cfg.settings.draft_model,
                   "enforce_eager": True}  # eager: the trace is one prefill per request, no compile wanted
@@ -187,7 +191,15 @@ def trace_draft(study: Any, space: Any, cfg: Any, env: dict[str, str], results_d
     return out.failure
 
 
-def trace_eagle3(study: Any, space: Any, cfg: Any, base: Any) -> str | None:
+def _kept(study: Any, key: str) -> bool:
+    """Whether the study holds ``key`` now: read again after waiting for a trace's lock, since the
+    thread that held it may have kept the trace meanwhile (the step's view predates that)."""
+    from autotune.study.view import StudyView
+
+    return key in StudyView.of(study).user_attrs
+
+
+def trace_eagle3(study: Any, view: StudyView, space: Any, cfg: Any, base: Any) -> str | None:
     """The EAGLE-3 head's chained greedy drafts along the baseline's outputs, as deep as the space
     searches (transformers: the target's hidden states and the head, autotune.forecast.eagle3_trace),
     kept in the study (``eagle3_trace``) for every eagle3 forecast; a failure is kept instead, and
@@ -199,9 +211,9 @@ def trace_eagle3(study: Any, space: Any, cfg: Any, base: Any) -> str | None:
     from autotune.forecast import eagle3_fit
 
     with _lock:
-        mine = _traces.setdefault((*_baseline_key(study, base), "eagle3"), threading.Lock())
+        mine = _traces.setdefault((*_baseline_key(view, base), "eagle3"), threading.Lock())
     with mine:
-        if attrs.EAGLE3_TRACE in study.user_attrs:
+        if _kept(study, attrs.EAGLE3_TRACE):
             return None
         depth = max((int(v) for p in space.params if p.name == "num_speculative_tokens" for v in p.values()),
                     default=1)
@@ -225,22 +237,21 @@ def trace_eagle3(study: Any, space: Any, cfg: Any, base: Any) -> str | None:
         return None
 
 
-def ensure_eagle3_trace(study: Any, space: Any, cfg: Any, params: dict[str, Any] | None = None) -> str | None:
+def ensure_eagle3_trace(study: Any, view: StudyView, space: Any, cfg: Any, params: dict[str, Any] | None = None
+                        ) -> str | None:
     """The head's trace once a baseline exists (``trace_eagle3``), before planning (``params`` None)
     and before any eagle3 trial, whatever put it in line (--try, a grid, a plan); the line to say, if any."""
-    from autotune.study.trials import baseline_trial
-
-    if (params is not None and params.get("method") != "eagle3") or attrs.EAGLE3_TRACE in study.user_attrs \
+    if (params is not None and params.get("method") != "eagle3") or attrs.EAGLE3_TRACE in view.user_attrs \
             or not _traced(space, cfg.settings)[1]:
         return None
-    base = baseline_trial(study)
-    return None if base is None else trace_eagle3(study, space, cfg, base)
+    base = view.baseline
+    return None if base is None else trace_eagle3(study, view, space, cfg, base)
 
 
-def ranked(study: Any, space: Any, max_model_len: int | None) -> list[dict[str, Any]]:
+def ranked(view: StudyView, space: Any, max_model_len: int | None) -> list[dict[str, Any]]:
     """Every point of the space, forecast by the study's calibrated model, best first, each with what
     it measured (if it was measured): `autotune predict`."""
-    got = study_model(study, space, max_model_len)
+    got = study_model(view, space, max_model_len)
     if got is None:
         return []
     model, observations, failed = got
@@ -263,6 +274,7 @@ def forecast_table(results: Path, *, study: str | None = None, storage: str | No
     from autotune.core.errors import BadInput
     from autotune.core.space import load_space, reload_space
     from autotune.study.storage import load_saved
+    from autotune.study.view import StudyView
 
     name = study or results.name
     if storage is None:
@@ -271,8 +283,8 @@ def forecast_table(results: Path, *, study: str | None = None, storage: str | No
             raise BadInput(f"{db}: no such study storage (expected a results folder from `autotune search`, "
                            "or pass --storage)")
         storage = f"sqlite:///{db.resolve()}"
-    st = load_saved(name, storage)
-    resolved = st.user_attrs.get(attrs.SPACE_RESOLVED)
+    view = StudyView.of(load_saved(name, storage))
+    resolved = view.user_attrs.get(attrs.SPACE_RESOLVED)
     if space is not None:
         platform = hardware.detect()
         sp = load_space(space, platform=platform, models=set((resolved or {}).get("models", ["draft_model"])),
@@ -281,10 +293,10 @@ def forecast_table(results: Path, *, study: str | None = None, storage: str | No
         sp = reload_space(resolved)
     else:
         raise BadInput(f"{results}: the study does not record its search space; pass --space")
-    rows = ranked(st, sp, st.user_attrs.get(attrs.MAX_MODEL_LEN))
+    rows = ranked(view, sp, view.user_attrs.get(attrs.MAX_MODEL_LEN))
     if not rows:
         raise BadInput(f"{results}: study {name!r} has no completed baseline yet: nothing to forecast from")
-    trace = st.user_attrs.get(attrs.DRAFT_TRACE) or {}
+    trace = view.user_attrs.get(attrs.DRAFT_TRACE) or {}
     measured = sum(r["measured"] is not None for r in rows)
     title = (f"{name}: {len(rows)} candidates of space '{sp.name}', forecast from the baseline's tokens"
              + (", the draft's trace" if trace.get("argmax") else "") + f" and {measured} measured")
