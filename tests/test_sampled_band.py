@@ -90,13 +90,14 @@ def _workload(tmp_path, temperature: float):
 
 def _study(tmp_path, dtype: str):
     from autotune.study.pareto import trials_frame
+    from autotune.study.view import StudyView
 
     space = load_space("tests/data/fake_space.yaml", platform="cpu", models=set())
     c = StudyConfig(name="fake", results_dir=tmp_path / "fake", settings=Settings(model="fake-model", dtype=dtype),
                     n_trials=2, trial_timeout_s=20, engine_module="fake_engine", samples=64, sample_tokens=6)
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": "none"}
     study = run_study(c, _workload(tmp_path, 0.25), space, enqueue=[ngram])
-    return study.trials[1].user_attrs["verdict"], trials_frame(study)
+    return study.trials[1].user_attrs["verdict"], trials_frame(StudyView.of(study))
 
 
 @pytest.mark.parametrize("shift, dtype, passes", [("0.25", "bfloat16", True), ("1.0", "bfloat16", False),
