@@ -19,11 +19,11 @@ Expectations (``expect``) a baseline output meets must also be met by the candid
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.measure.logprob_drift import LogprobDrift, common_prefix, drift_note, logprob_drift
 from autotune.measure.metrics import complete
 from autotune.measure.nearties import FlipCount, Threshold, dtype_threshold, flip_gap, judge_flips
 from autotune.measure.sampled_band import SampledVerdict, judge_samples, temperatures_of
@@ -90,11 +90,6 @@ class Verdict:
         return asdict(self)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens the two sequences share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
     """Common-prefix share of the longer sequence, and the first divergence (None if identical)."""
     if a == b:
@@ -111,15 +106,6 @@ class Unspeculated:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # request records (id, token_ids, ...)
     samples: dict[str, list[list[int]]] = field(default_factory=dict)
     error: str | None = None  # why there is nothing to compare with (its run failed, say)
-
-
-@dataclass(frozen=True)
-class LogprobDrift:
-    mean: float
-    max: float
-    kl: float | None
-    tokens: int
-    requests: tuple[str, ...] = ()  # the requests compared
 
 
 def _drift_coverage(requests: list[dict[str, Any]], drift: LogprobDrift | None, attempted: set[str],
@@ -167,41 +153,6 @@ def _missing_evidence(requests: list[dict[str, Any]], *, lossy: bool, n_draws: i
         why = "--samples 0" if not samples_asked else "no draws to compare"
         missing.append(f"distribution test of sampled requests ({why})")
     return missing
-
-
-def _topk_kl(base: list[list[float]], cand: list[list[float]]) -> float | None:
-    """KL(base || cand) over the tokens both top-k lists hold, each renormalized there."""
-    b, c = {int(t): lp for t, lp in base}, {int(t): lp for t, lp in cand}
-    shared = b.keys() & c.keys()
-    if not shared:
-        return None
-    zb = math.log(sum(math.exp(b[t]) for t in shared))
-    zc = math.log(sum(math.exp(c[t]) for t in shared))
-    return sum(math.exp(b[t] - zb) * ((b[t] - zb) - (c[t] - zc)) for t in shared)
-
-
-def logprob_drift(cand: dict[str, dict[str, Any]], base: dict[str, dict[str, Any]]) -> LogprobDrift | None:
-    """Compare teacher-forced scores (``autotune.run.replay.score_greedy``) request by request.
-
-    Each side scored a token path; a token's log-prob depends only on the tokens before it, so
-    the two are comparable on the paths' common prefix (the whole path when the candidate scored
-    the baseline's tokens, as a study's candidates do).
-    """
-    diffs: list[float] = []
-    kls: list[float] = []
-    scored: list[str] = []
-    for rid, c in cand.items():
-        b = base.get(rid)
-        if b is None or "logprobs" not in b or "logprobs" not in c:
-            continue  # not scored on one side (its error is kept in the raw run)
-        scored.append(rid)
-        n = common_prefix(b["token_ids"], c["token_ids"])
-        diffs += [abs(x - y) for x, y in zip(b["logprobs"][:n], c["logprobs"][:n])]
-        kls += [k for tb, tc in zip(b["top"][:n], c["top"][:n]) if (k := _topk_kl(tb, tc)) is not None]
-    if not diffs:
-        return None
-    return LogprobDrift(mean=sum(diffs) / len(diffs), max=max(diffs),
-                        kl=sum(kls) / len(kls) if kls else None, tokens=len(diffs), requests=tuple(scored))
 
 
 def check_expect(expect: dict[str, Any], text: str) -> list[str]:
@@ -279,12 +230,6 @@ def _incomplete_reason(cand: list[dict[str, Any]]) -> tuple[int, str | None]:
     why = (bad.get("error") or "").strip().split("\n")[0][:300] or \
         (f"finish reason {bad['finish_reason']}" if bad.get("finish_reason") else "no output")
     return len(incomplete), f"{len(incomplete)} request(s) incomplete (e.g. {bad['id']!r}: {why})"
-
-
-def _drift_note(drift: LogprobDrift) -> tuple[str, str]:
-    detail = f"max {drift.max:.3g}" + (f", top-k KL {drift.kl:.3g}" if drift.kl is not None else "") + \
-        f", {drift.tokens} tokens"
-    return detail, f"log-prob drift {drift.mean:.3g} nats/token ({detail})"
 
 
 def _twin_problem(twin: Unspeculated | None, requests: list[dict[str, Any]]) -> str | None:
@@ -371,7 +316,7 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
         dist_p, n_draws, dist_p_band = sv.p, sv.draws, sv.p_band
     lp_gap, lp_note = 0.0, ""
     if drift is not None:
-        detail, lp_note = _drift_note(drift)
+        detail, lp_note = drift_note(drift)
         if lossy and drift.mean > tol.max_logprob_drift:
             lp_gap = drift.mean - tol.max_logprob_drift
             reasons.append(f"log-prob drift {drift.mean:.3g} nats/token > {tol.max_logprob_drift:g} ({detail})")
