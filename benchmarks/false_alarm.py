@@ -20,7 +20,6 @@ import numpy as np
 import harness
 from autotune.measure.nearties import dtype_threshold
 from autotune.measure.sampled_band import judge_samples
-from autotune.measure.stats import sampler_test
 from tests.markov import speculative, target
 
 
@@ -34,8 +33,8 @@ def main() -> None:
     bf16 = dtype_threshold("bfloat16")
 
     def flags(base: dict, cand: dict) -> tuple[bool, bool]:  # (exact, within bfloat16's band at T=1)
-        return sampler_test(base, cand, alpha=args.alpha)[0], judge_samples(base, cand, {}, bf16,
-                                                                            alpha=args.alpha).flagged
+        v = judge_samples(base, cand, {}, bf16, alpha=args.alpha)  # its p is sampler_test's
+        return v.p < args.alpha, v.flagged
     print(f"alpha {args.alpha}, {args.prompts} prompts per test, {args.seeds} seeds per cell")
     for n in args.ns:
         fa, power = np.zeros(2, int), np.zeros(2, int)

@@ -31,9 +31,7 @@ from scipy.optimize import minimize
 from scipy.stats import chi2
 
 from autotune.measure.nearties import Threshold
-from autotune.measure.stats import HEAD_TOKENS, feature_pvalues, head_outcomes, outcome_rows
-
-MIN_COUNT = 10  # as two_sample_test's: cells rarer than this over both sides are pooled
+from autotune.measure.stats import HEAD_TOKENS, MIN_COUNT, feature_pvalues, head_outcomes, outcome_rows
 
 
 def _fit(a: np.ndarray, b: np.ndarray, band: float) -> tuple[np.ndarray, np.ndarray]:

@@ -30,6 +30,7 @@ from scipy.stats import f as f_dist
 
 DEFAULT_ALPHA = 0.01  # a correct config is flagged about 1% of the time
 HEAD_TOKENS = 3  # leading tokens tested jointly; later ones by occupancy_test
+MIN_COUNT = 10  # outcomes seen fewer times over both sides share one "other" cell
 _END, _PAIR = object(), object()  # the "ended" cell; the tag of a (previous, next) token pair
 
 
@@ -75,7 +76,7 @@ def _table_stat(a: Sequence[Hashable], b: Sequence[Hashable], min_count: int) ->
 
 
 def two_sample_test(pairs: Sequence[tuple[Sequence[Hashable], Sequence[Hashable]]], *,
-                    min_count: int = 10) -> TwoSampleResult:
+                    min_count: int = MIN_COUNT) -> TwoSampleResult:
     """Chi-square homogeneity test over several independent (baseline, candidate) outcome samples."""
     total, dof, tables = 0.0, 0, 0
     for a, b in pairs:
@@ -141,7 +142,7 @@ def _occupancy_stat(a: Sequence[Sequence[Hashable]], b: Sequence[Sequence[Hashab
 
 
 def occupancy_test(pairs: Sequence[tuple[Sequence[Sequence[Hashable]], Sequence[Sequence[Hashable]]]], *,
-                   start: int = HEAD_TOKENS, min_count: int = 10, bigrams: bool = True) -> TwoSampleResult:
+                   start: int = HEAD_TOKENS, min_count: int = MIN_COUNT, bigrams: bool = True) -> TwoSampleResult:
     """Do the tokens from position ``start`` on (0-based) occur as often in both samples?
 
     ``pairs`` holds (baseline draws, candidate draws) per request, each draw a token sequence of
