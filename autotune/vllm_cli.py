@@ -13,7 +13,12 @@ answers 200 before it runs (at most ``AUTOTUNE_WAIT_FOR_S`` seconds, default 600
 starts the client beside a starting server so that the client's imports (10-16 s on 2 cores) overlap
 the server's start instead of following it. Nothing the client measures changes: its first request
 still goes to a server that is up. With ``AUTOTUNE_WARMUP`` (JSON), it then sends confirm's warm-up
-requests, none of them a measured one (autotune.serve.warmup), before the bench runs.
+requests, none of them a measured one (autotune.serve.warmup), before the bench runs. With
+``AUTOTUNE_PASSES`` (JSON: ``min_s``, ``max``, ``drafter``) it runs the bench again on the same server
+until its measured passes add up to ``min_s`` seconds (at most ``max`` passes), each saved as
+``<result>.passN.json``, emptying the server's prefix cache and, with ``drafter``, a stateful proposer's
+cache between passes (the server's dev endpoints, ``VLLM_SERVER_DEV_MODE=1``): every pass starts with
+nothing of the measured requests cached, so a suffix proposer never drafts what it memorised.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 WAIT_FOR, WAIT_FOR_S = "AUTOTUNE_WAIT_FOR", "AUTOTUNE_WAIT_FOR_S"
 WARMUP_ENV = "AUTOTUNE_WARMUP"  # autotune.serve.warmup: requests sent before the bench, none of them measured
+PASSES_ENV = "AUTOTUNE_PASSES"  # {"min_s", "max", "drafter"}: passes on one server until min_s measured seconds
 
 
 def serve_parser() -> tuple[Any, Any]:
@@ -116,7 +122,56 @@ def main(argv: list[str] | None = None) -> None:
         from autotune.serve.warmup import warm_up
 
         warm_up(args.base_url, getattr(args, "served_model_name", None) or args.model, os.environ[WARMUP_ENV])
+    if argv[:1] == ["bench"] and os.environ.get(PASSES_ENV):
+        run_passes(args, os.environ[PASSES_ENV])
+        return
     args.dispatch_function(args)
+
+
+def pass_name(result_filename: str, n: int) -> str:
+    """Pass ``n``'s result file (1-based) of a bench whose result is ``result_filename``."""
+    stem = result_filename[:-5] if result_filename.endswith(".json") else result_filename
+    return f"{stem}.pass{n}.json"
+
+
+def run_passes(args: argparse.Namespace, spec_text: str) -> int:
+    """Run the bench (``args``, `vllm bench serve`'s) as passes on one server until they measured
+    ``min_s`` seconds or ``max`` passes, resetting the server's caches between passes; the passes run."""
+    import json
+    from pathlib import Path
+
+    spec = json.loads(spec_text)
+    result, done, n = args.result_filename, 0.0, 0
+    while True:
+        n += 1
+        args.result_filename = pass_name(result, n)
+        args.dispatch_function(args)
+        data = json.loads((Path(args.result_dir or ".") / args.result_filename).read_text())
+        done += float(data.get("duration") or 0.0)
+        if done >= float(spec.get("min_s") or 0) or n >= int(spec.get("max") or 1):
+            return n
+        _reset(args.base_url, drafter=bool(spec.get("drafter")))
+
+
+def _reset(base_url: str, *, drafter: bool) -> None:
+    """Empty the server's prefix cache and (``drafter``) its proposer's cross-request state through the
+    dev endpoints, as the study does between windows (autotune.run.served_engine); exit on a refusal."""
+    import json
+    import urllib.request
+
+    from autotune.run.vllm_ext import RESET
+
+    calls = [("/reset_prefix_cache", None)] + ([("/collective_rpc", {"method": RESET})] if drafter else [])
+    for path, body in calls:
+        req = urllib.request.Request(base_url.rstrip("/") + path, method="POST",
+                                     data=json.dumps(body).encode() if body is not None else b"",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+        except OSError as e:
+            sys.exit(f"autotune.vllm_cli: POST {path} between passes failed ({e}): the server needs "
+                     "VLLM_SERVER_DEV_MODE=1 (and --worker-extension-cls for a stateful proposer)")
 
 
 if __name__ == "__main__":

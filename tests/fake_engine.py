@@ -33,7 +33,9 @@ in speculative configs' outputs, halfway through those requests: the runner-up t
 ``"fresh_baseline"`` flips those requests alike in every unspeculated engine but trial 0's (the
 baseline's fresh instance, against the first: the floor that widens the near-tie threshold).
 ``AUTOTUNE_FAKE_LOSSY_GAIN`` makes a lossy config's steps that many times faster (default 1: its gain
-over the same lossless config is noise alone).
+over the same lossless config is noise alone). ``AUTOTUNE_FAKE_STATE`` (tests/machine_noise.py) puts each
+instance on the machine's persistent state instead, a speculative config moving more than the baseline,
+and ``AUTOTUNE_FAKE_TRUE`` (JSON, depth -> speedup) sets each depth's true speedup over the baseline.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ FAKE_KV_BLOCKS = 64  # the KV cache the fake engine reports, in blocks
 
 from autotune.run.replay import converse
 from autotune.core.load import ramp_limits
+
+import machine_noise
 
 
 def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
@@ -86,6 +90,16 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
     slot = int(where.rsplit("/", 1)[-1]) if where.rsplit("/", 1)[-1].isdigit() else 0
     instance = (math.exp(rng.gauss(0.0, inst_sd) + float(os.environ.get("AUTOTUNE_FAKE_DRIFT", "0")) * slot)
                 if sd else 1.0) / gain
+    if sd and os.environ.get(machine_noise.ENV):  # the machine's state, persistent from instance to instance
+        noise = machine_noise.Noise.from_env(os.environ[machine_noise.ENV])
+        seed = int(os.environ.get("AUTOTUNE_FAKE_SEED") or 0)
+        instance = math.exp(-noise.log_factor(seed, slot, bool(spec), rng)) / gain
+        sd = noise.window_sd
+    true = json.loads(os.environ.get("AUTOTUNE_FAKE_TRUE") or "{}")  # {depth: true speedup over the baseline}
+    if spec and str(depth(1)) in true:
+        ns = [r["sampling"]["max_tokens"] for r in job["requests"]]
+        natural = sum(ns) / sum(math.ceil(n / (1 + depth(1))) for n in ns)  # tokens a step, every draft accepted
+        instance *= natural / float(true[str(depth(1))])
 
     def scale() -> float:  # one window's step-time factor
         return instance * (math.exp(rng.gauss(0.0, sd)) if sd else 1.0)

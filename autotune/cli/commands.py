@@ -59,13 +59,21 @@ def serve(ctx: typer.Context,
 
 
 @app.command(epilog="Examples:\n\n  autotune confirm results/json_edit\n\n"
-             "  autotune confirm results/nightly --rounds 5 --json\n\n"
+             "  autotune confirm results/nightly --resolution 5% --max-minutes 10 --json\n\n"
              "  autotune confirm results/demo --workload examples/json_edit.jsonl --rounds 1")
 def confirm(
     results: Annotated[Optional[Path], typer.Argument(
         help="A results folder (or its best.json). Default: the newest under ./results.")] = None,
-    rounds: Annotated[int, typer.Option(min=1, help="Rounds a side: baseline, pick, baseline, pick, ..., "
-                                                    "a new server instance each.")] = 3,
+    resolution: Annotated[str, typer.Option(help="Served rounds come two at a time (ABBA, a new server "
+                                              "instance each) until the served speedup's 95% interval is this "
+                                              "narrow (its relative half-width), at least 4 rounds.")] = "10%",
+    max_minutes: Annotated[float, typer.Option(min=0.5, help="Stop adding rounds before this many minutes "
+                                                             "(the line says the resolution reached).")] = 3.0,
+    rounds: Annotated[Optional[int], typer.Option(min=1, help="Exactly this many rounds a side instead "
+                                                              "(no --resolution target).")] = None,
+    min_pass_s: Annotated[float, typer.Option(min=0, help="Measured seconds per server at least: the workload "
+                                                          "again on the same server, its caches emptied between "
+                                                          "passes, until they add up to this.")] = 6.0,
     warmups: Annotated[int, typer.Option(min=0, help="Warm-up requests per server, on a prompt outside the "
                                                      "measured set (never vllm bench serve's --num-warmups, "
                                                      "which repeats a measured request).")] = 3,
@@ -87,15 +95,17 @@ def confirm(
                                                           "progress goes to stderr.")] = False,
 ) -> None:
     """Serve the pick as exported (serve.sh) and the baseline the same way, measure both with vLLM's own
-    `vllm bench serve` on the study's workload and load, and write the served speedup beside the
-    in-process claim into best.json.
+    `vllm bench serve` on the study's workload and load, and write the served speedup into best.json:
+    the pick's figure (the served rounds come after the choice, so they cannot change it), beside the
+    study's claim (the measured ratio it chose on).
 
     Rounds run baseline and pick in ABBA order (baseline, pick | pick, baseline | ...), each on a new
-    server instance warmed on a request outside the measured set; the served speedup has a t-interval
-    over the rounds, and claimed/served reads within 5%, consistent or differ on its interval. Every
-    server log and bench JSON goes to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on
-    bad input.
+    server instance warmed on a request outside the measured set, until --resolution; the served
+    speedup has a t-interval over the rounds, and claimed/served reads within 5%, consistent or differ
+    on its interval. Every server log and bench JSON goes to RESULTS/confirm/. Exit 1 if a server or
+    the client fails, 2 on bad input.
     """
+    from autotune.gate.check import parse_share
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
     from autotune.serve.served import served_line
@@ -106,7 +116,8 @@ def confirm(
     folder = results.parent if results.name == "best.json" else results
     say = err if json_out else console
     try:
-        served = run_confirm(folder, rounds=rounds, warmups=warmups, workload=workload,
+        served = run_confirm(folder, rounds=rounds, resolution=parse_share(resolution, "--resolution"),
+                             max_s=max_minutes * 60, min_pass_s=min_pass_s, warmups=warmups, workload=workload,
                              format=_workload_format(format), output_len=output_len, turns=_turns(turns),
                              drop_too_long=drop_too_long, ready_timeout_s=ready_timeout, bench_timeout_s=bench_timeout,
                              launcher=launcher,

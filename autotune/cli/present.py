@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from autotune.results.text import edge_line, schedule_line
+from autotune.results.text import claim_line, edge_line, headline, schedule_line
 
 WORKER_LOG_TAIL = 20  # lines of a failed trial's worker.log shown with --verbose
 
@@ -142,14 +142,9 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
         say.print(category_table(report["best"]))
     if report.get("best"):
         b = report["best"]
-        say.print(f"best: trial {b['trial']} [b]{b['label']}[/b] at "
-                      f"{b['speedup']['output_tok_s']:.2f}x{_interval(b['speedup'])} the baseline's output tok/s "
-                      + (f"(95% t-interval over {b['speedup']['output_tok_s_pairs']} paired instances: fresh engines "
-                         "measured side by side in ABBA order, the trial that selected it left out)"
-                         if b["speedup"].get("output_tok_s_pairs")
-                         else "(95% bootstrap interval over windows of one instance, the trial that selected it: "
-                              "instances differ more)") + f"; verdict {b['verdict']['reason']}",
-                      highlight=False, soft_wrap=True)
+        say.print(headline(report), highlight=False, markup=False, soft_wrap=True)
+        if claim := claim_line(report):
+            say.print(claim, highlight=False, markup=False, soft_wrap=True)
         if report.get("lossless_first"):
             say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)
         for e in report.get("edge") or []:

@@ -20,6 +20,7 @@ from autotune import __version__
 
 from autotune.core import attrs
 from autotune.core.errors import BadInput
+from autotune.measure.config import HOLDOUT_PAIRS, LOSSY_MIN_GAIN
 
 # The engine every trial's worker runs. The CLI always runs vLLM; orchestration tests that drive the
 # CLI swap in the FAKE engine by patching this name (monkeypatch.setattr), never
@@ -45,7 +46,7 @@ class SearchOptions:
     strategy: str = "predict"
     instrument: str = "served"
     remeasure: bool = True
-    pairs: int = 3
+    pairs: int = HOLDOUT_PAIRS
     past_edge: bool = True
     prune: bool = True
     schedule: bool = True
@@ -68,7 +69,7 @@ class SearchOptions:
     max_drift: float = 0.10
     lossless_tolerance: float = 0.02
     max_logprob_drift: float = 0.05
-    lossy_min_gain: float = 0.03
+    lossy_min_gain: float = LOSSY_MIN_GAIN
     allow_unverified: bool = False
     samples: int = 64
     sample_tokens: int = 24
@@ -82,6 +83,8 @@ class SearchOptions:
     serve_flags: tuple[str, ...] = ()  # the user's `vllm serve` flags, after --
     serve_config: Path | None = None  # a YAML of them, as `vllm serve --config` reads it
     time_budget: float | None = None  # minutes (autotune.study.budget)
+    confirm: bool = False  # then `autotune confirm`: its served rounds are the holdout (the study measures none)
+    tolerance: float | None = None  # the gate's, for a warm start: holdout rounds until `check` can decide at it
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,8 @@ def prepare(o: SearchOptions) -> Prepared:
                       trial_timeout_s=o.trial_timeout or 600.0, timeout_from_baseline=o.trial_timeout is None,
                       time_budget_s=o.time_budget * 60 if o.time_budget is not None else None, seed=o.seed, samples=o.samples, sample_tokens=o.sample_tokens,
                       lossy_min_gain=o.lossy_min_gain,
-                      strategy=o.strategy, remeasure=o.remeasure, pairs=o.pairs, past_edge=o.past_edge, prune=o.prune, schedule=o.schedule, launcher=o.launcher,
+                      **({"gate_tolerance": o.tolerance} if o.tolerance is not None else {}),
+                      strategy=o.strategy, remeasure=o.remeasure, pairs=0 if o.confirm else o.pairs, past_edge=o.past_edge, prune=o.prune, schedule=o.schedule, launcher=o.launcher,
                       instrument=o.instrument,
                       tolerances=Tolerances(lossless=o.lossless_tolerance, max_drift=o.max_drift,
                                             max_logprob_drift=o.max_logprob_drift,

@@ -17,6 +17,7 @@ from autotune.cli.edge import (_TURNS_HELP, Instrument, Strategy, Turns, _choice
 from autotune.cli.help_panels import PanelledCommand, choices, help_all
 from autotune.core import errors
 from autotune.core.formats import FORMATS
+from autotune.measure.config import HOLDOUT_PAIRS, LOSSY_MIN_GAIN
 from autotune.cli.present import search_summary
 from autotune.run.launcher import held as launcher_held
 
@@ -62,16 +63,15 @@ def search(
                                                "baseline's tokens, measure what can win), grid (in order), tpe or "
                                                "random (Optuna's samplers).")] = "predict",
     instrument: Annotated[str, typer.Option(metavar=choices(Instrument), help=INSTRUMENT_HELP)] = "served",
-    remeasure: Annotated[bool, typer.Option("--remeasure/--no-remeasure", help="Then measure the pick and the "
-                                            "baseline once more, each on a fresh engine, and pool the windows, so "
-                                            "the pick's interval includes the spread between engine instances "
-                                            "(two trials on top of --trials).")] = True,
-    pairs: Annotated[int, typer.Option(min=1, help="Rounds of fresh engines for the pick and the baseline, "
-                                       "each pair side by side in ABBA order: the pick's figure rests on these "
-                                       "alone (the trial that selected it left out), with a t-interval over "
-                                       "the pairs; 3 (the default) is the fewest that decides anything, more "
-                                       "are added up to this while the pick cannot be told from a tie (within "
-                                       "3%); best.json states the resolution reached.")] = 3,
+    remeasure: Annotated[bool, typer.Option("--remeasure/--no-remeasure", help="After the candidates, measure "
+                                            "on fresh engines: the leader and a runner-up within 10% side by side "
+                                            "(selection rounds, which may change the choice), then the pick and the "
+                                            "baseline in holdout rounds after the choice is final, which its figure "
+                                            "comes from. Off: no figure, the measured ratio only.")] = True,
+    pairs: Annotated[int, typer.Option(min=2, help="Holdout rounds: the pick and the baseline side by side on fresh "
+                                       "engines in ABBA order after the choice is final; the pick's figure is a "
+                                       "t-interval over these pairs alone (an even number balances the order). "
+                                       "With --confirm the served rounds are the holdout instead.")] = HOLDOUT_PAIRS,
     past_edge: Annotated[bool, typer.Option("--past-edge/--no-past-edge", help="--strategy predict: before "
                                             "stopping, measure one step past an edge of the space (a deeper "
                                             "k, a longer lookup) that the best config sits on, when the "
@@ -130,7 +130,7 @@ def search(
     lossy_min_gain: Annotated[float, typer.Option(min=0, help="Lossless first: a lossy pick (KV dtype, dtype, "
                                                               "quantization) must beat the best lossless config by "
                                                               "more than this share, its 95% interval above it; "
-                                                              "else the lossless config is the pick.")] = 0.03,
+                                                              "else the lossless config is the pick.")] = LOSSY_MIN_GAIN,
     allow_unverified: Annotated[bool, typer.Option(help="Let a candidate whose applicable checks did not run "
                                                        "(\"unverified\") be the pick.")] = False,
     samples: Annotated[int, typer.Option(min=0, help="Draws per sampled request for the distribution test "
@@ -188,7 +188,7 @@ def search(
                          sample_tokens=sample_tokens, seed=seed, resume=resume,
                          warm_start=warm_start, tries=tuple(try_ or ()), trust_remote_code=trust_remote_code,
                          workers=workers, json=json_, serve_flags=tuple(serve_flags or ()),
-                         serve_config=serve_config, time_budget=time_budget)
+                         serve_config=serve_config, time_budget=time_budget, confirm=confirm)
     say = err if json_ else console  # --json: stdout carries the JSON only
     # With --confirm, the study's launcher (started once, 10-25 s) also forks confirm's servers
     with launcher_held() if confirm else contextlib.nullcontext():
@@ -213,6 +213,7 @@ def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool) -> 
     """`search --confirm`: serve the pick and the baseline (autotune confirm); the updated report."""
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
+    from autotune.results.text import headline
     from autotune.serve.served import served_line
 
     try:
@@ -225,6 +226,7 @@ def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool) -> 
     report = load_report(out)
     if show:
         say.print(served_line(report), highlight=False, markup=False, soft_wrap=True)
+        say.print(headline(report), highlight=False, markup=False, soft_wrap=True)
     return report
 
 

@@ -32,6 +32,8 @@ DUPLICATE_OF = "duplicate_of"  # the trial that already measured this candidate
 LEFT_OUT = "left_out"  # queued, but the budget was used first: not measured (why, one line); --resume queues it again
 PREDICTED = "predicted"  # autotune.forecast.forecast.Forecast.to_dict(), made before the trial was measured
 REMEASURE_OF = "remeasure_of"  # a re-measurement on a fresh engine: the trial it pools windows with
+ROUND = "round"  # the round of fresh engines a selection or holdout trial belongs to ("s1", "h2"): pairs share it
+HOLDOUT_OF = "holdout_of"  # a holdout trial: the first record of the config it measures again (never pooled)
 PLANNED = "planned"  # why the strategy chose this candidate (predict, grid)
 # The baseline's reference for judging candidates.
 OUTPUTS = "outputs"
@@ -47,7 +49,10 @@ REMEASURE = "re-measure"  # the pick or the baseline again, on a fresh engine; i
 EXTRA_BASELINE = "extra baseline"  # a baseline queued twice (two workers started at once)
 DEPTH = "depth"  # the pick's method at the depth the forecast says is best at another load level
 SCHEDULE = "schedule"  # the pick's method with a depth per batch size (autotune.study.schedule)
-OUTSIDE_BUDGET = (REMEASURE, DEPTH, SCHEDULE)  # roles measured on top of --trials
+# After the choice is final: the pick, the baseline (and a warm start's deployed config) on fresh engines,
+# side by side in rounds; the pick's figure comes from these alone, and they never change the choice.
+HOLDOUT = "holdout"
+OUTSIDE_BUDGET = (REMEASURE, DEPTH, SCHEDULE, HOLDOUT)  # roles measured on top of --trials
 
 # Study attributes.
 OBJECTIVES = "objectives"
@@ -65,6 +70,9 @@ FINGERPRINT = "fingerprint"  # what defines the study (autotune.study.loop.finge
 STOPPED = "stopped"  # why the study stopped before the budget was used (the strategy, or no new config to ask)
 SCHEDULE_PLAN = "schedule"  # autotune.study.schedule: the planned ranges and what they rest on, or why none
 DRAFT_TRACE = "draft_trace"  # {"argmax": request id -> the draft's teacher-forced choices} or {"failure": ...}
+SELECTED = "selected"  # the final choice (autotune.study.select): its trial, the runner-up, the evidence
+GATE_TOLERANCE = "gate_tolerance"  # the tolerance the holdout measures the deployed config's pairs for
+HOLDOUT_PAIRS = "holdout_pairs"  # the holdout rounds the study measures (0: `--confirm`'s served rounds are the holdout)
 EAGLE3_TRACE = "eagle3_trace"  # {"traces": request id -> the EAGLE-3 head's trace, "depth": k} or {"failure": ...}
 
 
@@ -98,6 +106,10 @@ def predicted(t: Any) -> dict[str, Any]:
 
 def is_duplicate(t: Any) -> bool:
     return DUPLICATE_OF in t.user_attrs
+
+
+def round_of(t: Any) -> str | None:
+    return t.user_attrs.get(ROUND)
 
 
 def is_interrupted(t: Any) -> bool:

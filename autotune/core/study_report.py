@@ -18,8 +18,11 @@ from autotune.core.errors import BadInput
 # 2: resolution, edge, trials.pruned, best.served and served_vs_claimed declared (round 3).
 # 3: round 4 (serving flags, platform checks, numerics, launcher starts, verdict intervals); readers
 # of 3 still take 1 and 2 (`check` and `watch` compare a new run against a deployed older one).
-SCHEMA_VERSION = 3
-READABLE = (1, 2, 3)
+# 4: round 5: ``figure`` (the pick's speedup from the holdout or the served rounds, measured after the
+# choice), ``selection``, ``gate``; ``best.speedup`` is the pick's measured ratio (its claim, the
+# evidence it was chosen on); trials.csv: ``round`` and ``holdout_of``. Readers of 4 take 1-3.
+SCHEMA_VERSION = 4
+READABLE = (1, 2, 3, 4)
 
 
 class Entry(TypedDict, total=False):
@@ -68,6 +71,9 @@ class StudyReport(TypedDict, total=False):
     remeasured: dict[str, Any] | None
     started: dict[str, Any] | None  # autotune.results.started: forked/fresh per engine instance, "mixed" line
     resolution: dict[str, Any] | None
+    figure: dict[str, Any] | None  # the pick's figure: holdout or served (autotune.study.figures), or why none
+    selection: dict[str, Any] | None  # the final choice (autotune.study.select): runner-up, evidence, why
+    gate: dict[str, Any] | None  # the pick against a deployed config over the holdout rounds (autotune check)
     edge: list[dict[str, Any]] | None
     schedule: dict[str, Any] | None
     warm_start: str | None

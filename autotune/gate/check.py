@@ -104,15 +104,20 @@ class CheckResult:
         return d
 
 
-def parse_tolerance(text: str) -> float:
-    """``5%`` or ``0.05`` -> 0.05."""
+def parse_share(text: str, flag: str = "--tolerance") -> float:
+    """``5%`` or ``0.05`` -> 0.05 (``flag`` names the option in the one-line refusal)."""
     try:
         value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
     except ValueError:
-        raise BadInput(f"--tolerance: expected a share like 5% or 0.05, got {text!r}") from None
+        raise BadInput(f"{flag}: expected a share like 5% or 0.05, got {text!r}") from None
     if not 0 <= value < 1:
-        raise BadInput(f"--tolerance: expected a share in [0%, 100%), got {text!r}")
+        raise BadInput(f"{flag}: expected a share in [0%, 100%), got {text!r}")
     return value
+
+
+def parse_tolerance(text: str) -> float:
+    """``5%`` or ``0.05`` -> 0.05."""
+    return parse_share(text, "--tolerance")
 
 
 def _context(report: dict[str, Any]) -> dict[str, Any]:

@@ -5,12 +5,13 @@ the served figure moves from one server instance to the next by more than the wi
 instance show (benchmarks/data/served_gap*.json). So this step:
 
 - serves the pick with ``serve.sh`` as written and the baseline through the same launcher
-  (``confirm/baseline.sh``, built by the same ``serve_script``), in rounds of one pair each, in
-  ABBA order (baseline, pick | pick, baseline | baseline, pick ...: ``round_order``), so that a
-  drift over the run (the machine warming, another job) weighs on both sides alike, as the study's
-  re-measurement does; a new server instance each, one after another: a server starting beside
-  the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
-  (benchmarks/data/confirm_overlap.json);
+  (``confirm/baseline.sh``, built by the same ``serve_script``), in rounds of one pair each, in the
+  study's one ABBA order (autotune.measure.intervals.abba: baseline, pick | pick, baseline | ...), so
+  that a drift over the run weighs on both sides alike; a new server instance each, one after
+  another: a server starting beside the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
+  (benchmarks/data/confirm_overlap.json); rounds come two at a time until the served speedup
+  resolves to ``--resolution`` (autotune.measure.sequential), and each server is measured in passes
+  until ``--min-pass-s`` measured seconds, its caches emptied between passes (autotune.vllm_cli);
 - starts each server and client forked from autotune's launcher (autotune.run.launcher; the
   study's own when `search --confirm` runs, else one started here), which has imported vLLM once:
   the same `vllm serve` command, arguments and environment, each server a new instance of its
@@ -23,7 +24,9 @@ instance show (benchmarks/data/served_gap*.json). So this step:
   client starts beside its server and waits for ``/health`` after its own imports (10-16 s);
 - reports the served speedup over rounds as pairs: exp(mean log(pick / baseline tok/s)) with a 95%
   t-interval on those log ratios (autotune.measure.intervals: a bootstrap over 3 rounds does not
-  reach its coverage), beside the study's claim, with confirm's resolution, into best.json.
+  reach its coverage), into best.json as the pick's figure (the served rounds are the holdout: they
+  come after the choice and cannot change it), beside the study's claim (its selection phase's
+  measured ratio), with confirm's resolution and why its rounds stopped.
 
 Every server starts in its own session; the ready-wait tells a crash (the process exited) from a
 timeout; the whole process group is ended (SIGTERM, then SIGKILL) and checked to be gone
@@ -35,71 +38,30 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import BadInput
+from autotune.gate.served_rounds import (CONFIRM_DIR, SIDES, RoundResult, read_passes, served_figure, served_numbers,
+                                        update_markdown, write_failure)
+from autotune.measure.intervals import abba
+from autotune.measure.sequential import MAX_ROUNDS, MAX_S, TARGET, Sequential
 from autotune.run import launcher as run_launcher
-from autotune.serve.bench_client import DEFAULT_WARMUPS, ClientPlan, _num, _scaled, client_plan, read_bench
-from autotune.serve.served import served_line, verdict
+from autotune.serve.bench_client import DEFAULT_WARMUPS, ClientPlan, _num, client_plan
+from autotune.serve.served import verdict
 from autotune.serve.servers import (BENCH_TIMEOUT_S, HOST, READY_TIMEOUT_S, ServeFailed, client_started, finish_client,
                                     free_port, serving)
-from autotune.vllm_cli import WAIT_FOR, WAIT_FOR_S, WARMUP_ENV
+from autotune.vllm_cli import PASSES_ENV, WAIT_FOR, WAIT_FOR_S, WARMUP_ENV, pass_name
 
-CONFIRM_DIR = "confirm"  # under the results folder: scripts, dataset, server logs, bench results
 DATASET = "workload.jsonl"  # the workload as `vllm bench serve --dataset-name custom` reads it
-DEFAULT_ROUNDS = 3
-SIDES = ("baseline", "pick")
+# Measured seconds per side and round at least: passes of the workload on one server, its caches
+# emptied between them, until they add up to this (a 2-s pass is within reach of one scheduler hiccup).
+MIN_PASS_S = 6.0
+MAX_PASSES = 8
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    """One server instance measured by one ``vllm bench serve`` run."""
-
-    round: int
-    side: str
-    output_tok_s: float
-    tpot_ms_p50: float | None
-    ttft_ms_p50: float | None
-    e2e_ms_p50: float | None
-    acceptance_rate: float | None  # accepted / drafted tokens, from the server's counters (speculative side)
-    mean_accepted_length: float | None
-    completed: int
-    duration_s: float
-    ready_s: float  # from start to a healthy /health
-    started: str  # the server: "forked" from autotune's launcher, or "fresh" (a new process)
-    server_pid: int  # also its process-group id, ended and checked empty after the round
-    result_file: str  # relative to the results folder
-    server_log: str
-    bench_log: str
-
-
-def _median(xs: list[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return float(statistics.median(vals)) if vals else None
-
-
-def round_order(n: int) -> tuple[str, str]:
-    """Round ``n``'s sides in ABBA order: odd rounds baseline first, even rounds pick first. Over
-    two rounds each side sits once early and once late, so a linear drift cancels in the ratio
-    (always baseline first, a machine slowing over the run would favour the pick in every round)."""
-    return SIDES if n % 2 else (SIDES[1], SIDES[0])
-
-
-def _side_summary(rounds: list[RoundResult]) -> dict[str, Any]:
-    return {"output_tok_s": _median([r.output_tok_s for r in rounds]),
-            "tpot_ms_p50": _median([r.tpot_ms_p50 for r in rounds]),
-            "ttft_ms_p50": _median([r.ttft_ms_p50 for r in rounds]),
-            "e2e_ms_p50": _median([r.e2e_ms_p50 for r in rounds]),
-            "acceptance_rate": _median([r.acceptance_rate for r in rounds]),
-            "mean_accepted_length": _median([r.mean_accepted_length for r in rounds])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,26 +117,6 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-SECTION = "## Served (vllm serve + vllm bench serve)"
-
-
-def _update_markdown(results_dir: Path, report: dict[str, Any]) -> None:
-    """Replace (or add) the served section of report.md."""
-    path = results_dir / "report.md"
-    if not path.is_file():
-        return
-    text = path.read_text()
-    head = text.split("\n" + SECTION + "\n")[0].rstrip("\n") + "\n"
-    sv = report["best"]["served"]
-    lines = ["", SECTION, "", served_line(report) or ""]
-    if not sv.get("failure"):
-        lines += ["", "| round | baseline tok/s | pick tok/s |", "|---|---|---|"]
-        lines += [f"| {i + 1} | {b:.1f} | {p:.1f} |"
-                  for i, (b, p) in enumerate(zip(sv["baseline_output_tok_s"], sv["pick_output_tok_s"]))]
-        lines += ["", f"Result files: `{CONFIRM_DIR}/`."] + [f"- note: {n}" for n in sv["client"]["notes"]]
-    path.write_text(head + "\n".join(lines) + "\n")
-
-
 @dataclass(frozen=True)
 class _Setup:
     """Everything the rounds need: where files go, the scripts to serve, the client's command."""
@@ -187,6 +129,9 @@ class _Setup:
     env: dict[str, str]
     platform: str
     commands: dict[str, list[str]]  # `vllm serve` as the launcher can fork it, for scripts autotune wrote
+    stateful: dict[str, bool]  # a side whose proposer keeps state across requests (suffix): reset between passes
+    baseline_command: str
+    dataset_name: str = DATASET
 
     def rel(self, q: Path) -> str:
         return str(Path(q).relative_to(self.results_dir))
@@ -227,8 +172,11 @@ def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, 
               *(["--tokenizer", kw["tokenizer"]] if kw.get("tokenizer") else []),
               *(["--trust-remote-code"] if kw.get("trust_remote_code") else []),
               "--dataset-path", str(dataset), *plan.flags]
+    from autotune.run.vllm_ext import needs_reset
+    from autotune.serve.export import command
+
     return _Setup(results_dir, out, plan, scripts, client, {"AUTOTUNE_PYTHON": python, **(env or {})}, platform,
-                  commands)
+                  commands, {side: needs_reset(kwargs[side]) for side in kwargs}, command(base["engine_kwargs"]))
 
 
 def setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int = DEFAULT_WARMUPS,
@@ -253,9 +201,12 @@ def _start(forked: bool) -> Any:
     return through_launcher
 
 
-def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float, bench_timeout_s: float,
-           forked: bool, say: Say) -> RoundResult:
-    """One new server of ``side``, measured by one ``vllm bench serve`` run, then ended."""
+def _round(st: _Setup, n: int, side: str, *, ready_timeout_s: float, bench_timeout_s: float, forked: bool,
+           min_pass_s: float, say: Say) -> RoundResult:
+    """One new server of ``side``, measured by ``vllm bench serve`` in passes until ``min_pass_s``
+    measured seconds (its caches emptied between passes: autotune.vllm_cli), then ended."""
+    from autotune.run.vllm_ext import QUALNAME
+
     tag, out = f"round-{n}-{side}", st.out
     fork = forked and side in st.commands
     start = _start(fork)
@@ -263,75 +214,58 @@ def _round(st: _Setup, n: int, rounds: int, side: str, *, ready_timeout_s: float
         stale.unlink()
     port = free_port()
     base_url = f"http://{HOST}:{port}"
-    say(f"confirm round {n}/{rounds} {side}: starting {st.rel(st.scripts[side])} on port {port}"
+    say(f"confirm round {n} {side}: starting {st.rel(st.scripts[side])} on port {port}"
         + (" (forked from the launcher)" if fork else ""))
-    server_argv = ([*st.commands[side], "--host", HOST, "--port", str(port)] if fork
-                   else ["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)])
+    # Measuring hooks, never part of the served config: the dev endpoints that empty the prefix cache
+    # between passes, and for a stateful proposer the worker method that empties its cache (autotune.run.vllm_ext).
+    hooks = ["--worker-extension-cls", QUALNAME] if st.stateful[side] and min_pass_s > 0 else []
+    server_argv = ([*st.commands[side], *hooks, "--host", HOST, "--port", str(port)] if fork
+                   else ["bash", str(st.scripts[side]), *hooks, "--host", HOST, "--port", str(port)])
     client_log = out / f"{tag}.bench.log"
     # The client starts with the server and sends its first request once /health answers
-    # (autotune.vllm_cli, AUTOTUNE_WAIT_FOR); started fresh, its imports (10-16 s) overlap the server's start.
-    # and warms the server on requests outside the measured set (autotune.serve.warmup)
+    # (autotune.vllm_cli, AUTOTUNE_WAIT_FOR); started fresh, its imports (10-16 s) overlap the server's start,
+    # and it warms the server on requests outside the measured set (autotune.serve.warmup)
     wait = {WAIT_FOR: f"{base_url}/health", WAIT_FOR_S: f"{ready_timeout_s:g}",
-            WARMUP_ENV: json.dumps(st.plan.warmup)}
+            WARMUP_ENV: json.dumps(st.plan.warmup),
+            PASSES_ENV: json.dumps({"min_s": min_pass_s, "max": MAX_PASSES if min_pass_s > 0 else 1,
+                                    "drafter": st.stateful[side]})}
+    server_env = {**st.env, "VLLM_SERVER_DEV_MODE": "1"}
     with client_started([*st.client, "--base-url", base_url, "--save-result", "--result-dir", str(out),
                          "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}",
                          f"round={n}"], log_path=client_log, env={**st.env, **wait}, start=start) as client, \
-            serving(server_argv, port=port, log_path=out / f"{tag}.log", env=st.env, ready_timeout_s=ready_timeout_s,
+            serving(server_argv, port=port, log_path=out / f"{tag}.log", env=server_env,
+                    ready_timeout_s=ready_timeout_s,
                     what=f"the {side} server ({st.rel(st.scripts[side])}, round {n})", start=start) as server:
         finish_client(client, log_path=client_log, timeout_s=bench_timeout_s)
     started = "forked" if isinstance(server.process, run_launcher.Launched) else "fresh"
-    data = read_bench(out / f"{tag}.json", expected=len(st.plan.rows))
+    files = [out / pass_name(f"{tag}.json", k) for k in range(1, MAX_PASSES + 1)]
+    data = read_passes([f for f in files if f.is_file()] or [files[0]], expected=len(st.plan.rows))
     r = RoundResult(round=n, side=side, output_tok_s=float(data["output_throughput"]),
                     tpot_ms_p50=_num(data.get("median_tpot_ms")), ttft_ms_p50=_num(data.get("median_ttft_ms")),
-                    e2e_ms_p50=_num(data.get("median_e2el_ms")),
-                    # vllm bench serve reports the acceptance rate in percent
-                    acceptance_rate=_scaled(data.get("spec_decode_acceptance_rate"), 0.01),
-                    mean_accepted_length=_num(data.get("spec_decode_acceptance_length")),
-                    completed=int(data["completed"]), server_pid=server.pid,
-                    duration_s=float(data.get("duration") or 0.0), ready_s=round(server.ready_s, 2), started=started,
-                    result_file=f"{CONFIRM_DIR}/{tag}.json", server_log=f"{CONFIRM_DIR}/{tag}.log",
-                    bench_log=f"{CONFIRM_DIR}/{tag}.bench.log")
-    say(f"confirm round {n}/{rounds} {side}: {r.output_tok_s:.1f} output tok/s "
-        f"(tpot p50 {r.tpot_ms_p50 or float('nan'):.1f} ms; server ready in {r.ready_s:.0f} s)")
+                    e2e_ms_p50=_num(data.get("median_e2el_ms")), acceptance_rate=data["acceptance_rate"],
+                    mean_accepted_length=data["acceptance_length"], completed=int(data["completed"]),
+                    server_pid=server.pid, duration_s=float(data.get("duration") or 0.0),
+                    ready_s=round(server.ready_s, 2), started=started,
+                    result_file=f"{CONFIRM_DIR}/{pass_name(f'{tag}.json', 1)}", server_log=f"{CONFIRM_DIR}/{tag}.log",
+                    bench_log=f"{CONFIRM_DIR}/{tag}.bench.log", passes=len(data["pass_tok_s"]),
+                    pass_tok_s=data["pass_tok_s"])
+    say(f"confirm round {n} {side}: {r.output_tok_s:.1f} output tok/s over {r.duration_s:.1f} s in {r.passes} "
+        f"pass(es) (tpot p50 {r.tpot_ms_p50 or float('nan'):.1f} ms; server ready in {r.ready_s:.0f} s)")
     return r
 
 
-def _served(report: dict[str, Any], st: _Setup, done: list[RoundResult], *, rounds: int, warmups: int
-            ) -> dict[str, Any]:
-    """The served numbers as best.json keeps them, beside the study's claim."""
-    from autotune.run import hardware
-    from autotune.measure.intervals import UNIT_ROUNDS, paired_t, resolution
-
-    by = {s: sorted((r for r in done if r.side == s), key=lambda r: r.round) for s in SIDES}
-    pick_tps, base_tps = [r.output_tok_s for r in by["pick"]], [r.output_tok_s for r in by["baseline"]]
-    speedup, lo, hi, _ = paired_t(pick_tps, base_tps)  # round n's pick against round n's baseline
-    claimed = report["best"].get("speedup") or {}
-    return {
-        "rounds": rounds, "order": [f"{r.side}" for r in done], "warmups": warmups,
-        "servers": "+".join(sorted({r.started for r in done})),  # forked, fresh, or forked+fresh
-        "pick_output_tok_s": pick_tps, "baseline_output_tok_s": base_tps,
-        "speedup": speedup, "speedup_lo": _num(lo), "speedup_hi": _num(hi), "interval_unit": UNIT_ROUNDS,
-        "resolution": resolution(_num(lo), _num(hi)),
-        "pick": _side_summary(by["pick"]), "baseline": _side_summary(by["baseline"]),
-        "claimed": {"speedup": _num(claimed.get("output_tok_s")), "lo": _num(claimed.get("output_tok_s_lo")),
-                    "hi": _num(claimed.get("output_tok_s_hi"))},
-        "per_round": [asdict(r) for r in done],
-        "files": {"dataset": f"{CONFIRM_DIR}/{DATASET}", "baseline_script": st.rel(st.scripts["baseline"]),
-                  "pick_script": st.rel(st.scripts["pick"]), "results": [r.result_file for r in done],
-                  "server_logs": [r.server_log for r in done]},
-        "command": report.get("serve_command"), "baseline_command": _command(report["baseline"]["engine_kwargs"]),
-        "client": {"command": shlex.join(st.client), "notes": st.plan.notes},
-        "vllm_version": hardware.vllm_version(), "platform": st.platform,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: int = DEFAULT_WARMUPS,
-            workload: Any = None, format: str = "auto", output_len: int | None = None, turns: str | None = None,
-            drop_too_long: bool = False, python: str | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
-            bench_timeout_s: float = BENCH_TIMEOUT_S, launcher: bool = True, say: Say | None = None) -> dict[str, Any]:
+def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: float = TARGET,
+            max_rounds: int = MAX_ROUNDS, max_s: float | None = MAX_S, min_pass_s: float = MIN_PASS_S,
+            warmups: int = DEFAULT_WARMUPS, workload: Any = None, format: str = "auto", output_len: int | None = None,
+            turns: str | None = None, drop_too_long: bool = False, python: str | None = None,
+            ready_timeout_s: float = READY_TIMEOUT_S, bench_timeout_s: float = BENCH_TIMEOUT_S, launcher: bool = True,
+            say: Say | None = None) -> dict[str, Any]:
     """Serve the pick (``serve.sh``) and the baseline in rounds in ABBA order, a new server each,
-    measure each with ``vllm bench serve``, and write the served numbers into best.json.
+    measure each with ``vllm bench serve`` (passes until ``min_pass_s`` measured seconds), and write
+    the served numbers into best.json, with the pick's figure from them: the served rounds are the
+    holdout, measured after the choice. Rounds come two at a time until the served speedup's
+    resolution is ``resolution`` or better, ``max_rounds``, or ``max_s`` seconds
+    (autotune.measure.sequential); ``rounds``: exactly that many instead.
 
     ``launcher``: fork servers and clients from autotune's launcher (the one running, else one
     started for this step); False starts each as a new process, as users start `vllm serve`.
@@ -343,10 +277,13 @@ def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: i
     confirmed, ServeFailed (exit 1) when a server or the client fails; best.json then records the
     failure under ``best.served.failure``.
     """
+    import time
+
     from autotune.core.study_report import load_report
 
-    if rounds < 1:
+    if rounds is not None and rounds < 1:
         raise BadInput(f"--rounds: expected at least 1, got {rounds}")
+    rule = Sequential(target=resolution, max_rounds=max_rounds, max_s=max_s, rounds=rounds)
     say = say or (lambda _line: None)
     p = Path(results_dir)
     results_dir = p.parent if p.name == "best.json" else p
@@ -360,41 +297,46 @@ def confirm(results_dir: str | Path, *, rounds: int = DEFAULT_ROUNDS, warmups: i
     wl = _load_workload(report, workload, fmt=format, output_len=output_len, turns=turns, drop_too_long=drop_too_long)
     st = _setup(results_dir, report, wl, warmups=warmups, python=python)
     done: list[RoundResult] = []
+    stopped = None
     try:
         with run_launcher.active(launcher, python=python):
             forked = launcher and bool(os.environ.get(run_launcher.ENV_KEY))  # else it did not start (said)
-            for n in range(1, rounds + 1):
-                for side in round_order(n):  # ABBA: a drift over the run weighs on both sides alike
-                    done.append(_round(st, n, rounds, side, ready_timeout_s=ready_timeout_s,
-                                       bench_timeout_s=bench_timeout_s, forked=forked, say=say))
+            t0, n = time.monotonic(), 0
+            while stopped is None:
+                n += 1
+                for side in abba(n, SIDES):  # ABBA: a drift over the run weighs on both sides alike
+                    done.append(_round(st, n, side, ready_timeout_s=ready_timeout_s, bench_timeout_s=bench_timeout_s,
+                                       forked=forked, min_pass_s=min_pass_s, say=say))
+                tps = {s: [r.output_tok_s for r in sorted(done, key=lambda r: r.round) if r.side == s] for s in SIDES}
+                stopped = rule.stop(tps["pick"], tps["baseline"], time.monotonic() - t0)
     except ServeFailed as e:
-        (st.out / "failure.json").write_text(json.dumps({"error": type(e).__name__, "message": str(e)}, indent=2)
-                                             + "\n")
+        write_failure(st.out, e)
         _record(results_dir, {"failure": str(e), "rounds_done": [asdict(r) for r in done],
                               "files": {"failure": f"{CONFIRM_DIR}/failure.json"}}, None)
         raise
     (st.out / "failure.json").unlink(missing_ok=True)
-    served = _served(report, st, done, rounds=rounds, warmups=warmups)
+    say(f"confirm: stopped after {n} round(s): {stopped}")
+    served = served_numbers(report, st, done, warmups=warmups, stopped=stopped, min_pass_s=min_pass_s)
     claimed = served["claimed"]
     line = verdict((served["speedup"], served["speedup_lo"], served["speedup_hi"]),
                    (claimed["speedup"], claimed["lo"], claimed["hi"]), resolution=served["resolution"],
-                   rounds=rounds) if claimed["speedup"] is not None else None
+                   rounds=n) if claimed["speedup"] is not None else None
     _record(results_dir, served, line)
     return served
 
 
-def _command(engine_kwargs: dict[str, Any]) -> str:
-    from autotune.serve.export import command
-
-    return command(engine_kwargs)
-
-
 def _record(results_dir: Path, served: dict[str, Any], line: str | None) -> None:
-    """Write ``served`` under ``best`` and the one-line verdict at the top of best.json (keys the
+    """Write ``served`` under ``best``, the pick's figure from it (``figure``: the served rounds are the
+    holdout; a failed confirm leaves no figure) and the one-line verdict at the top of best.json (keys the
     StudyReport declares), and the served section of report.md."""
     from autotune.core.study_report import dumps, load_report, with_served
 
     path = results_dir / "best.json"
     report = with_served(load_report(path), served, line)
+    if served.get("failure"):
+        report["figure"] = {**(report.get("figure") or {}), "source": "served", "status": "not measured",
+                            "why": f"confirm failed: {served['failure']}", "speedup": None, "lo": None, "hi": None}
+    else:
+        report["figure"] = served_figure(served, report.get("load"))
     _write_atomic(path, dumps(report))
-    _update_markdown(results_dir, report)
+    update_markdown(results_dir, report)

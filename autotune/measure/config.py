@@ -15,6 +15,11 @@ from autotune.measure.slo import SLO
 from autotune.measure.validate import Tolerances
 
 
+LOSSY_MIN_GAIN = 0.03  # --lossy-min-gain's default: the one home of the number (autotune.study.select uses it)
+HOLDOUT_PAIRS = 4  # --pairs' default: holdout rounds after the choice (even: the ABBA order is balanced)
+GATE_TOLERANCE = 0.05  # check's --tolerance default; the study's holdout measures until the gate can decide at it
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     """Everything that defines one study run (keyword-only by convention)."""
@@ -42,12 +47,15 @@ class StudyConfig:
     # one is judged by its tokens and draws, so it scores the baseline's paths only when asked (the
     # tests do, to show speculation's drift is zero). The baseline always scores its own.
     score_lossless: bool = False
-    lossy_min_gain: float = 0.03  # a lossy pick must beat the best lossless one by this, significantly
+    lossy_min_gain: float = LOSSY_MIN_GAIN  # a lossy pick must beat the best lossless one by this, significantly
     strategy: str = "predict"  # autotune.forecast.policy.STRATEGIES: how the next candidate is chosen
-    remeasure: bool = False  # the pick and the baseline again on fresh engines, windows pooled (the CLI: on)
+    # Fresh engines after the candidates (the CLI: on): selection rounds where the runner-up may change the
+    # choice (autotune.study.select), then the holdout the pick's figure comes from (autotune.study.holdout).
+    remeasure: bool = False
     prune: bool = False  # stop a candidate after its first window when it cannot reach the best (the CLI: on)
     past_edge: bool = False  # predict: measure one step past an edge the best sits on when its forecast clears the noise
-    pairs: int = 3  # rounds of fresh engines: at least this many (up to 3), more while the pick's interval straddles the tie band
+    pairs: int = HOLDOUT_PAIRS  # holdout rounds (0: none, `--confirm`'s served rounds are the holdout)
+    gate_tolerance: float = GATE_TOLERANCE  # with a deployed config: holdout rounds until the gate decides at it
     schedule: bool = False  # two or more concurrency levels: a depth per batch size (autotune.study.schedule; the CLI: on)
     # Fork each trial's worker and its `vllm serve` from one process that imported vLLM once
     # (autotune.run.launcher; a served start of ~2 s instead of ~35, benchmarks/data/launcher_start.json; the CLI: on)

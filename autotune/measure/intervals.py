@@ -21,9 +21,19 @@ from collections.abc import Sequence
 import numpy as np
 
 UNIT_WINDOWS = "windows of one instance"
-UNIT_PAIRS = "paired instances"
-UNIT_ROUNDS = "served rounds"
+UNIT_PAIRS = "paired instances"  # selection rounds: side by side, but they chose the pick (its claim)
+UNIT_HOLDOUT = "holdout pairs"  # rounds measured after the choice was final: the pick's figure
+UNIT_ROUNDS = "served rounds"  # confirm's rounds (vllm serve + vllm bench serve): the figure with --confirm
 LEVEL = 0.95
+
+
+def abba(n: int, sides: Sequence[str]) -> tuple[str, ...]:
+    """Round ``n``'s order (1-based): odd rounds ``sides`` as given, even rounds reversed. Over each two
+    rounds every side sits once early and once late, so a linear drift of the machine's speed cancels
+    in every ratio between two sides (with three sides the middle one stays put, and the two around
+    it swap). The one order of the study's rounds (selection, holdout) and confirm's served rounds;
+    balanced on an even number of rounds."""
+    return tuple(sides) if n % 2 else tuple(reversed(sides))
 
 
 def t_quantile(df: int, level: float = LEVEL) -> float:
@@ -56,7 +66,8 @@ def paired_t(cand: Sequence[float], base: Sequence[float], *, level: float = LEV
 
 def resolution(lo: float | None, hi: float | None) -> float | None:
     """The relative half-width of a ratio's interval, sqrt(hi / lo) - 1: the smallest difference it
-    tells apart from none. None without an interval."""
+    tells apart from none. None without an interval. The one formula of the resolution every
+    output states (the study's, confirm's, check's; tests/test_one_rule.py holds it)."""
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0:
         return None
     return math.sqrt(hi / lo) - 1

@@ -214,6 +214,7 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
     if first.get("preemptions") is not None or again.get("preemptions") is not None:  # every instance's windows
         m["preemptions"] = (first.get("preemptions") or 0) + (again.get("preemptions") or 0)
     m["kv_cache_blocks"] = again.get("kv_cache_blocks", first.get("kv_cache_blocks"))
+    m["output_tok_s_rounds"] = rounds_of(first) + rounds_of(again)  # before the instances: rounds_of counts them
     m["output_tok_s_instances"] = instances_of(first) + instances_of(again)
     m["instances"] = len(m["output_tok_s_instances"])
     a, b = first.get("output_tok_s_windows"), again.get("output_tok_s_windows")
@@ -244,24 +245,39 @@ def _pooled_acceptance(first: dict[str, Any], again: dict[str, Any]) -> dict[str
     return {**acceptance(c), "spec_accepted_per_pos": per_pos}
 
 
-def paired_interval(cand: list[list[float]], base: list[list[float]], *, level: float = 0.95,
+def rounds_of(m: dict[str, Any]) -> list[str | None]:
+    """The round each of a measurement's engine instances was measured in ("s1", "h2": the study's
+    rounds of fresh engines side by side, autotune.core.attrs.ROUND), None for an instance measured on
+    its own (a first trial) or a record from before rounds were kept."""
+    n = len(instances_of(m))
+    kept = m.get("output_tok_s_rounds")
+    return list(kept) if isinstance(kept, list) and len(kept) == n else [None] * n
+
+
+def round_pairs(cand: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, list[float], list[float]]]:
+    """(round, candidate windows, baseline windows) for each round both were measured in: a pair is two
+    instances measured next to each other, never instances of other rounds (another pick's, say)."""
+    by_round = {r: w for r, w in zip(rounds_of(base), instances_of(base)) if r is not None}
+    return [(r, c, by_round[r]) for r, c in zip(rounds_of(cand), instances_of(cand))
+            if r is not None and r in by_round and c and by_round[r] and min(by_round[r]) > 0]
+
+
+def paired_interval(cand: dict[str, Any], base: dict[str, Any], *, level: float = 0.95
                     ) -> tuple[float, float, float, int]:
-    """The speedup of ``cand`` over ``base`` with engine instances as the unit, from the measurements
-    that did not select it. Each side's first instance is left out: the candidate's is the trial that
-    won the selection (its figure would carry the winner's curse), the baseline's ran a study apart.
-    The rest are re-measurement rounds, paired from the most recent back (each pair measured side by
-    side, in ABBA order over rounds: autotune.study.remeasure); each pair's ratio is median(cand
-    windows) / median(base windows), and the figure exp(mean log ratio) with a t-interval on the log
-    ratios (autotune.measure.intervals: a bootstrap over 2-3 pairs does not reach its coverage).
-    Returns (ratio, lo, hi, pairs); one pair: no interval (lo, hi NaN); none: all NaN, 0."""
+    """The speedup of ``cand`` over ``base`` (measurements, pooled over engine instances) with the
+    rounds both were measured in as the unit (``round_pairs``: side by side, in the one ABBA order of
+    autotune.measure.intervals.abba): each pair's ratio is median(cand windows) / median(base windows),
+    the figure exp(mean log ratio) with a t-interval on the log ratios (autotune.measure.intervals: a
+    bootstrap over 2-4 pairs does not reach its coverage). A first trial is in no round, so the trial
+    that selected a config never enters a pair. Returns (ratio, lo, hi, pairs); one pair: no interval
+    (lo, hi NaN); none: all NaN, 0."""
     from autotune.measure.intervals import paired_t
 
-    pairs = [(c, b) for c, b in zip(reversed(cand[1:]), reversed(base[1:])) if c and b and min(b) > 0]
+    pairs = round_pairs(cand, base)
     if not pairs:
         return float("nan"), float("nan"), float("nan"), 0
-    r, lo, hi, n = paired_t([float(np.median(c)) for c, _ in pairs], [float(np.median(b)) for _, b in pairs],
-                            level=level)
-    return r, lo, hi, n
+    return paired_t([float(np.median(c)) for _, c, _ in pairs], [float(np.median(b)) for _, _, b in pairs],
+                    level=level)
 
 
 def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95, draws: int = 2000,

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.measure.config import LOSSY_MIN_GAIN
+
 import pandas as pd
 
 from autotune.core.candidate import Candidate
@@ -112,7 +114,7 @@ def pick_why(report: dict[str, Any]) -> str:
     passed = report.get("lossless_first")
     if passed:
         return (f"lossless first: lossy #{passed['passed_over']} is faster, but its gain is not above "
-                f"+{passed.get('min_gain', 0.03):.0%}")
+                f"+{passed.get('min_gain', LOSSY_MIN_GAIN):.0%}")
     if best and Candidate(best.get("candidate") or {}).lossy:
         return "lossy, its gain over the best lossless config above the bar"
     return "the fastest correct config, lossless"

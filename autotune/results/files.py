@@ -64,22 +64,15 @@ def _remeasured(view: StudyView, pick: Any, base: Any) -> dict[str, Any] | None:
             "widening": width(both) / width(one) if width(one) > 0 else None}
 
 
-def _resolution(view: StudyView, pick: Any, base: Any) -> dict[str, Any] | None:
-    """autotune.measure.resolution over the pick's and the baseline's current records, the runner-up being
-    the best other feasible config on the first objective (None: no pick, or no throughput)."""
-    from autotune.study.trials import feasible, is_schedule
+def _resolution(view: StudyView, figure: dict[str, Any] | None) -> dict[str, Any] | None:
+    """autotune.measure.resolution over the pick's figure (the holdout, once measured) and the selection's
+    comparison with the runner-up (None: no measured figure)."""
     from autotune.measure.resolution import resolve
-
-    if pick is None or base is None or pick.number == base.number:
+    if not figure or figure.get("status") != "measured":
         return None
-    pick_key, base_key = Candidate(attrs.candidate(pick)).key(), Candidate(attrs.candidate(base)).key()
-    sign = view.sign
-    others = [t for t in view.current if feasible(t) and not is_schedule(t)
-              and Candidate(attrs.candidate(t)).key() not in (pick_key, base_key)]
-    runner = max(others, key=lambda t: sign * t.values[0], default=None)
-    res = resolve(attrs.measurement(pick), attrs.measurement(base),
-                  runner_up=attrs.measurement(runner) if runner is not None else None,
-                  runner_label=attrs.label(runner) if runner is not None else None)
+    runner = (view.selected() or {}).get("runner_up")
+    res = resolve(figure["speedup"], figure.get("lo"), figure.get("hi"), figure.get("pairs") or 0,
+                  unit=figure.get("unit") or "", runner_up=runner)
     return res.to_dict() if res is not None else None
 
 
@@ -106,6 +99,7 @@ def study_report(view: StudyView, frame: Any, *, settings: Any, platform: dict[s
                  storage_url: str) -> StudyReport:
     """The StudyReport (what best.json holds) of a study, as read once (autotune.study.view.StudyView),
     and its trials table."""
+    from autotune.study.figures import gate_pairs, pick_figure
     from autotune.study.pareto import choose, pareto_trials
     from autotune.study.schedule import scheduled_trial, verdict
     from autotune.study.storage import redact
@@ -116,6 +110,8 @@ def study_report(view: StudyView, frame: Any, *, settings: Any, platform: dict[s
     schedule = verdict(view)
     pick = scheduled_trial(view, schedule) or (choice.trial if choice else None)
     ua = view.user_attrs
+    final = choice is not None and choice.final
+    figure = pick_figure(view, view.first_record(pick), chosen=final) if pick is not None else None
     report: StudyReport = {
         "schema_version": SCHEMA_VERSION, "autotune_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -136,8 +132,16 @@ def study_report(view: StudyView, frame: Any, *, settings: Any, platform: dict[s
         "remeasured": _remeasured(view, pick, base),
         # Forked or fresh, per engine instance of the pick and the baseline, and a line if they mix.
         "started": started_report(view, pick, base),
-        # The pick over the baseline with engine instances as the unit, and over the runner-up.
-        "resolution": _resolution(view, pick, base),
+        # The pick's figure: its speedup over the baseline from the holdout alone (measured after the
+        # choice, which it cannot change), or why there is none; `confirm` puts the served one here.
+        "figure": figure,
+        # The selection phase's end: the pick, the runner-up and the evidence between them.
+        "selection": view.selected(),
+        # A warm start's deployed config against the pick, over the same holdout rounds (`check`).
+        "gate": gate_pairs(view, view.first_record(pick), float(ua.get(attrs.GATE_TOLERANCE, 0.05)))
+        if pick is not None else None,
+        # The figure's resolution, and the pick over the runner-up.
+        "resolution": _resolution(view, figure),
         # The pick on an edge of the space, with the forecast one step past it (no engine).
         "edge": _edge(view, pick, base),
         # Two or more load levels: the depth per batch size, its checks, and whether it is the pick.

@@ -18,6 +18,50 @@ def _iv(s: dict[str, Any]) -> str:
     return f" [{lo:.2f}-{hi:.2f}] (95% interval over {unit})"
 
 
+def _at(report: dict[str, Any]) -> str:
+    """The load a figure is at, as a clause."""
+    load = (report.get("figure") or {}).get("load") or report.get("load")
+    return f" at {load}" if load else ""
+
+
+def claim_line(report: dict[str, Any]) -> str | None:
+    """The pick's measured ratio, named as what it is: the evidence it was chosen on (the claim), not a
+    figure to bet on (it chose the pick, so it carries the winner's curse)."""
+    best = report.get("best") or {}
+    s = best.get("speedup") or {}
+    if not isinstance(s.get("output_tok_s"), (int, float)):
+        return None
+    sel = report.get("selection") or {}
+    why = f"; chosen: {sel['why']}" if sel.get("why") else ""
+    return (f"claimed: {s['output_tok_s']:.2f}x{_iv(s)} the baseline's output tok/s{_at(report)}, the selection "
+            f"phase's measured ratio (the evidence trial {best['trial']} was chosen on, not its figure){why}")
+
+
+def headline(report: dict[str, Any]) -> str | None:
+    """The ``best:`` line: the pick and its figure (from measurements after the choice: the holdout, or
+    confirm's served rounds), its unit, resolution and load; or why it has no figure. One wording for the
+    console, report.md and the HTML report."""
+    best = report.get("best")
+    if not best:
+        return None
+    f = report.get("figure") or {}
+    who = f"best: trial {best['trial']} {best['label']}"
+    verdict = f"; verdict {best['verdict']['reason']}"
+    if f.get("status") == "measured":
+        iv = f" [{f['lo']:.2f}-{f['hi']:.2f}]" if f.get("lo") is not None and f.get("hi") is not None else ""
+        how = ("served: vllm serve + vllm bench serve, after the choice" if f.get("source") == "served" else
+               "the pick and the baseline on fresh engines side by side, after the choice, which they could not change")
+        res = f.get("resolution")
+        stop = f"; {f['stopped']}" if f.get("stopped") else ""
+        return (f"{who}: {f['speedup']:.2f}x{iv} the baseline's output tok/s{_at(report)} (95% t-interval over "
+                f"{f['pairs']} {f.get('unit') or 'pairs'}: {how}"
+                + (f"; resolves +-{res:.0%}" if isinstance(res, (int, float)) else "") + f"{stop}){verdict}")
+    if f.get("status") == "pending":
+        return f"pick: trial {best['trial']} {best['label']}: its figure comes from {f.get('why')}{verdict}"
+    why = f.get("why") or "no holdout was measured (a study from before round 5, or --no-remeasure)"
+    return f"{who}: no figure ({why}); no interval here is its speedup{verdict}"
+
+
 def markdown(report: dict[str, Any], frame: Any) -> str:
     """A short human report of the study."""
     lines = [f"# autotune study `{report['study']}`", "",
@@ -25,12 +69,10 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
              f"vLLM {report['vllm_version']} on {report['platform']['platform']}.", ""]
     best = report.get("best")
     if best:
-        s = best["speedup"] or {}
-        lines += [f"**Best:** trial {best['trial']} `{best['label']}`: "
-                  f"{best['measurement']['output_tok_s']:.1f} output tok/s, "
-                  f"{(s.get('output_tok_s') or float('nan')):.2f}x the baseline{_iv(s)}; verdict: "
-                  f"{best['verdict']['reason']}.", "",
-                  "```", report.get("serve_command", ""), "```", ""]
+        lines += [f"**{headline(report)}.**", ""]
+        if claim := claim_line(report):
+            lines += [claim + ".", ""]
+        lines += ["```", report.get("serve_command", ""), "```", ""]
     else:
         lines += ["**No feasible configuration was found.**", ""]
     if report.get("resolution"):

@@ -52,7 +52,7 @@ def _typical_wall(view: StudyView, clock: Clock) -> float | None:
 
 
 def _remeasured(view: StudyView) -> bool:
-    return any(attrs.role(t) == attrs.REMEASURE for t in view.trials)
+    return any(attrs.role(t) in (attrs.REMEASURE, attrs.HOLDOUT) for t in view.trials)
 
 
 def out_of_time(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:

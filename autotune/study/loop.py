@@ -208,7 +208,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             continue
         # Read after the candidate is recorded: of two workers that drew one config, the later sees the earlier.
         view = StudyView.of(study)
-        dup = None if attrs.role(trial) == attrs.REMEASURE else duplicate_of(view, cand, trial.number, is_base)
+        dup = None if attrs.role(trial) in (attrs.REMEASURE, attrs.HOLDOUT) else \
+            duplicate_of(view, cand, trial.number, is_base)
         if dup is not None:  # never measure the same config twice without meaning to
             trial.set_user_attr(attrs.DUPLICATE_OF, dup)
             study.tell(trial, state=TrialState.PRUNED)

@@ -7,6 +7,7 @@ import warnings
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from autotune.core import attrs
 from autotune.core.attrs import BASELINE, DEPLOYED
@@ -113,6 +114,8 @@ def describe(study: optuna.Study, view: StudyView, cfg: StudyConfig, workload: W
     study.set_user_attr(attrs.CONCURRENCY, cfg.load.concurrency if cfg.load.kind == "concurrency" else None)
     study.set_user_attr(attrs.LEVELS, [cfg.load.label, *(x.label for x in cfg.extra_loads)])
     study.set_user_attr(attrs.LOSSY_MIN_GAIN, cfg.lossy_min_gain)
+    study.set_user_attr(attrs.HOLDOUT_PAIRS, cfg.pairs if cfg.remeasure else 0)
+    study.set_user_attr(attrs.GATE_TOLERANCE, cfg.gate_tolerance)
     study.set_user_attr(attrs.STRATEGY, cfg.strategy)
     study.set_user_attr(attrs.STOPPED, None)  # a resumed study plans again
 
@@ -140,3 +143,11 @@ def ranges_attr(params: dict[str, Any]) -> dict[str, Any]:
     """A queued config's depth schedule, kept as a trial attribute (the worker adds it back)."""
     return {attrs.SCHEDULE_RANGES: params[SCHEDULE_KEY]} if params.get(SCHEDULE_KEY) else {}
 
+
+
+def enqueue_again(study: optuna.Study, t: FrozenTrial, user_attrs: dict[str, Any]) -> None:
+    """Queue ``t``'s config once more (a fresh engine) with ``user_attrs``: a selection or holdout round."""
+    params = attrs.candidate(t)  # the baseline has no Optuna params
+    beyond = t.user_attrs.get(attrs.PAST_EDGE)  # past the space's edge: Optuna gets the in-space values
+    study.enqueue_trial({**optuna_params(params), **{k: t.params[k] for k in beyond or {} if k in t.params}},
+                        user_attrs={**user_attrs, **ranges_attr(params), **({attrs.PAST_EDGE: beyond} if beyond else {})})

@@ -13,7 +13,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core import attrs
 from autotune.core.candidate import Candidate
-from autotune.measure.metrics import instances_of, paired_interval, ratio_interval
+from autotune.measure.config import LOSSY_MIN_GAIN
+from autotune.measure.metrics import paired_interval, ratio_interval
 from autotune.measure.objectives import metric_key, parse_key, windows_key
 from autotune.study.trials import feasible, is_schedule
 from autotune.study.view import StudyView
@@ -47,73 +48,47 @@ def pareto_trials(view: StudyView, *, schedules: bool = True) -> list[FrozenTria
     return sorted(pareto_front(current, view.directions), key=lambda t: t.number)
 
 
-LOSSY_MIN_GAIN = 0.03  # default --lossy-min-gain
-
-
-def _windows(t: FrozenTrial, objective: str) -> list[float]:
-    return t.user_attrs[attrs.MEASUREMENT].get(windows_key(objective)) or []
-
-
-def lossy_gain(lossy: FrozenTrial, lossless: FrozenTrial, objective: str, maximize: bool) -> tuple[float, float]:
-    """95% bootstrap interval of the lossy trial's gain over the lossless one on ``objective``
-    (a ratio, > 1 when the lossy one is better), over their measured windows."""
-    a, b = _windows(lossy, objective), _windows(lossless, objective)
-    return ratio_interval(a, b) if maximize else ratio_interval(b, a)
-
-
 @dataclass(frozen=True)
 class Choice:
-    """The pick, and the lossy trial it was chosen over (if any) with that trial's gain interval."""
+    """The pick, and the lossy trial it was chosen over (if any) with that trial's paired gain interval."""
 
     trial: FrozenTrial
     passed_over: FrozenTrial | None = None
     gain: tuple[float, float] = (float("nan"), float("nan"))
     min_gain: float = LOSSY_MIN_GAIN
+    why: str | None = None  # the selection's reason (autotune.study.select), once the choice is final
+    final: bool = False  # the selection phase has ended: no measurement to come changes it
 
 
 def choose(view: StudyView, *, lossy_min_gain: float | None = None) -> Choice | None:
-    """The Pareto trial that is best on the first (primary) objective, lossless first.
-
-    A lossy pick (KV dtype, dtype, quantization) stands only where its gain over the best feasible
-    lossless trial is significant: the bootstrap interval of the ratio lies above 1 + ``lossy_min_gain``
-    (default: the study's ``lossy_min_gain`` attribute, else LOSSY_MIN_GAIN). Otherwise that lossless
-    trial is the pick; the Pareto front still shows both.
-    """
+    """The pick: the selection phase's final choice where it has ended (autotune.study.select, recorded
+    in the study), else the provisional one, the Pareto trial best on the first (primary) objective,
+    lossless first: a lossy leader is never picked before it was measured side by side with the best
+    lossless config (its gain decided on paired instances, never on windows), so until then the best
+    feasible lossless trial is. The Pareto front still shows both."""
+    gain = float(view.user_attrs.get(attrs.LOSSY_MIN_GAIN, LOSSY_MIN_GAIN) if lossy_min_gain is None
+                 else lossy_min_gain)
+    sel = view.selected()
+    if sel is not None:
+        over = view.by_number.get(sel["passed_over"]) if sel.get("passed_over") is not None else None
+        lo, hi = (sel.get("gain") or [None, None])
+        return Choice(view.latest(view.trial(sel["trial"])), passed_over=over,
+                      gain=(float("nan") if lo is None else lo, float("nan") if hi is None else hi),
+                      min_gain=gain, why=sel.get("why"), final=True)
     front = pareto_trials(view, schedules=False)
     if not front:
         return None
     sign = view.sign
-    maximize = sign == 1
     # On a tie, the record with more evidence (pooled over fresh engines) goes first.
-    best = _held(view, front, max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs)),
-                 sign)
+    best = max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs))
     lossless = [t for t in view.current
                 if feasible(t) and not Candidate(t.user_attrs[attrs.CANDIDATE]).lossy and not is_schedule(t)]
     if not Candidate(best.user_attrs[attrs.CANDIDATE]).lossy or not lossless:
-        return Choice(best)
-    rival = max(lossless, key=lambda t: sign * t.values[0])
-    gain = view.user_attrs.get(attrs.LOSSY_MIN_GAIN, LOSSY_MIN_GAIN) if lossy_min_gain is None else lossy_min_gain
-    objective = (view.user_attrs.get(attrs.OBJECTIVES) or ["output_tok_s"])[0]
-    lo, hi = lossy_gain(best, rival, objective, maximize)
-    if lo == lo and lo > 1 + gain:
         return Choice(best, min_gain=gain)
-    return Choice(rival, passed_over=best, gain=(lo, hi), min_gain=gain)
-
-
-def _held(view: StudyView, front: list[FrozenTrial], best: FrozenTrial, sign: int) -> FrozenTrial:
-    """``best``, unless it rests on one engine and the front's best record pooled over fresh engines
-    is within the study's measured spread between instances of it (issue 24): fresh engines of one
-    config differ by 8-20% on a shared machine, so such a lead is noise, and re-measuring the new
-    leader only to see it regress cost up to 6 trials a study. A lead beyond the spread still wins."""
-    if attrs.REMEASURE_OF in best.user_attrs:
-        return best
-    pooled = [t for t in front if attrs.REMEASURE_OF in t.user_attrs]
-    if not pooled:
-        return best
-    held = max(pooled, key=lambda t: sign * t.values[0])
-    spread = max((attrs.measurement(t).get("instance_spread") or 0.0)
-                 for t in view.completed if attrs.REMEASURE_OF in t.user_attrs)
-    return best if sign * (best.values[0] - held.values[0]) > spread * abs(held.values[0]) else held
+    rival = max(lossless, key=lambda t: sign * t.values[0])
+    return Choice(rival, passed_over=best, min_gain=gain,
+                  why=f"lossless first: {attrs.label(best)} is lossy and not yet measured side by side with the best "
+                      "lossless config")
 
 
 def pick_best(view: StudyView, *, lossy_min_gain: float | None = None) -> FrozenTrial | None:
@@ -123,16 +98,16 @@ def pick_best(view: StudyView, *, lossy_min_gain: float | None = None) -> Frozen
 
 
 def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """Ratios to the baseline, each > 1 when the candidate is better; the throughput ratio with its
-    95% interval (``output_tok_s_lo`` .. ``_hi``) and the unit it is over (``output_tok_s_unit``).
+    """Ratios of one record to the baseline's, each > 1 when the candidate is better; the throughput
+    ratio with its 95% interval (``output_tok_s_lo`` .. ``_hi``) and the unit it is over
+    (``output_tok_s_unit``). This is a record's measured ratio, the evidence a choice rests on; the
+    pick's figure is another thing (autotune.study.figures: the holdout, measured after the choice).
 
-    Where both were measured again on fresh engines in rounds (the pick and the baseline), the
-    throughput ratio is that of the re-measurement pairs alone (autotune.measure.metrics.paired_interval,
-    unit: paired instances): the trial that selected the pick never enters its figure (no winner's
-    curse), and pooling every baseline instance instead would let the machine's drift over the study
-    into the ratio. The pooled ratio stays as ``output_tok_s_pooled``. Otherwise the bootstrap over
-    the windows of one instance each (unit: windows of one instance, far narrower than instances
-    differ)."""
+    Where both were measured in the same selection rounds (side by side), the throughput ratio is
+    that of those rounds' pairs alone (autotune.measure.metrics.paired_interval, unit: paired
+    instances), the trial that selected the config left out; the pooled ratio stays as
+    ``output_tok_s_pooled``. Otherwise the bootstrap over the windows of one instance each (unit:
+    windows of one instance, far narrower than instances differ)."""
     from autotune.measure.intervals import UNIT_PAIRS, UNIT_WINDOWS
 
     def ratio(a: float, b: float) -> float:
@@ -140,8 +115,8 @@ def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     lo, hi = ratio_interval(m.get("output_tok_s_windows", []), base.get("output_tok_s_windows", []))
     point = ratio(m["output_tok_s"], base["output_tok_s"])
     paired: dict[str, Any] = {"output_tok_s_unit": UNIT_WINDOWS}
-    if len(instances_of(m)) > 1 and len(instances_of(base)) > 1:
-        r, p_lo, p_hi, pairs = paired_interval(instances_of(m), instances_of(base))
+    if m is not base:
+        r, p_lo, p_hi, pairs = paired_interval(m, base)
         if pairs and math.isfinite(r):
             paired = {"output_tok_s_pooled": point, "output_tok_s_pairs": pairs, "output_tok_s_unit": UNIT_PAIRS}
             point, lo, hi = r, p_lo, p_hi
@@ -186,6 +161,8 @@ def trials_frame(view: StudyView) -> pd.DataFrame:
         row.update({f"predicted_{k}": pred.get(k) for k in PREDICTED_COLUMNS})
         row["planned"] = ua.get(attrs.PLANNED)
         row["remeasure_of"] = ua.get(attrs.REMEASURE_OF)  # pools its windows with that trial's
+        row["round"] = ua.get(attrs.ROUND)  # its round of fresh engines side by side (selection "s", holdout "h")
+        row["holdout_of"] = ua.get(attrs.HOLDOUT_OF)  # measured after the choice: the figure's, never pooled
         row["superseded_by"] = old.get(t.number)
         row["correct"] = v.get("passed")
         row["status"] = v.get("status", "ok" if v.get("passed") else ("failed" if v else None))  # ok, failed, unverified

@@ -191,6 +191,8 @@ def _record(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
         # ``view`` holds every earlier floor: a round is queued only when the one before it has ended
         floor = [*view.user_attrs.get(attrs.NUMERICS_FLOOR, ()), *ev.verdict.flip_margins]
         study.set_user_attr(attrs.NUMERICS_FLOOR, floor)
+    # The round this instance was measured in (selection, holdout), so that pairs are those measured side by side.
+    ev.measurement["output_tok_s_rounds"] = [trial.user_attrs.get(attrs.ROUND)]
     if of is not None and not ev.failure:  # one record of both engine instances (autotune.measure.metrics.pool)
         ev = pooled(ev, view.trial(of), cfg)
     trial.set_user_attr(attrs.MEASUREMENT, ev.measurement)

@@ -82,8 +82,9 @@ class StudyView:
 
     @property
     def current(self) -> list[FrozenTrial]:
-        """Each completed config's current record (not superseded by a pooled re-measurement)."""
-        return [t for t in self.completed if t.number not in self.superseded]
+        """Each completed config's current record (not superseded by a pooled re-measurement); a holdout
+        trial is no record (it never enters the choice: autotune.study.holdout)."""
+        return [t for t in self.completed if t.number not in self.superseded and attrs.role(t) != attrs.HOLDOUT]
 
     def trial(self, number: int) -> FrozenTrial:
         return self.by_number[number]
@@ -123,6 +124,14 @@ class StudyView:
     def sign(self) -> int:
         """1 where the first (primary) objective is maximized, -1 where minimized."""
         return 1 if self.directions[0] == StudyDirection.MAXIMIZE else -1
+
+    def selected(self) -> dict[str, Any] | None:
+        """The final choice (autotune.study.select), where the selection phase has ended since the last
+        candidate was measured (a resumed study with a larger budget chooses again)."""
+        sel = self.user_attrs.get(attrs.SELECTED)
+        if not sel or sel.get("trial") not in self.by_number or sel.get("candidates") != len(self.finished):
+            return None
+        return dict(sel)
 
     def deployed(self) -> FrozenTrial | None:
         """The trial that measured the deployed config (a warm start) in this study, if any.
