@@ -144,9 +144,12 @@ def run_passes(args: argparse.Namespace, spec_text: str) -> int:
     result, done, n = args.result_filename, 0.0, 0
     while True:
         n += 1
-        args.result_filename = pass_name(result, n)
-        args.dispatch_function(args)
-        data = json.loads((Path(args.result_dir or ".") / args.result_filename).read_text())
+        # A fresh copy each pass: vLLM's bench sets attributes on its args as it runs (self_timed), and
+        # refuses them set on a second run.
+        one = argparse.Namespace(**vars(args))
+        one.result_filename = pass_name(result, n)
+        one.dispatch_function(one)
+        data = json.loads((Path(one.result_dir or ".") / one.result_filename).read_text())
         done += float(data.get("duration") or 0.0)
         if done >= float(spec.get("min_s") or 0) or n >= int(spec.get("max") or 1):
             return n

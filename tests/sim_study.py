@@ -111,3 +111,14 @@ def simulate(seed: int, noise: Noise, *, truth: Truth | None = None, pairs: int 
     with in_memory(seed, noise, truth):
         study = run_study(cfg, load_workload(str(WORKLOAD)), space, deployed=deployed)
     return StudyView.of(study)
+
+
+def report_of(view: Any) -> dict[str, Any]:
+    """The StudyReport (best.json) autotune writes for ``view``, without writing files."""
+    from autotune.core.study_report import clean
+    from autotune.results.files import study_report
+    from autotune.study.pareto import trials_frame
+
+    rep = study_report(view, trials_frame(view), settings=Settings(model="fake-model"), platform={"platform": "cpu"},
+                       objectives=["output_tok_s"], storage_url="memory")
+    return clean(rep)

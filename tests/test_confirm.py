@@ -63,6 +63,13 @@ FAKE = textwrap.dedent('''\
                 self.end_headers()
                 self.wfile.write(body)
             def do_POST(self):  # /v1/completions: only autotune's warm-up reaches the fake server
+                if self.path in ("/reset_prefix_cache", "/collective_rpc"):  # confirm's passes: caches emptied
+                    with open(os.environ["FAKE_CALLS"], "a") as f:
+                        f.write(json.dumps({"t": time.time(), "argv": ["POST", self.path], "wait_for": None,
+                                            "dev": os.environ.get("VLLM_SERVER_DEV_MODE"), "argv_server": argv}) + "\\n")
+                    self.send_response(200)
+                    self.end_headers()
+                    return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with open(os.environ["FAKE_PROMPTS"], "a") as f:
                     f.write(json.dumps({"port": opt("--port"), "prompt": body["prompt"]}) + "\\n")
@@ -89,8 +96,19 @@ FAKE = textwrap.dedent('''\
                "median_tpot_ms": 1000.0 / tok_s, "median_ttft_ms": 10.0, "median_e2el_ms": 100.0}
         if tok_s > 100:
             out.update(spec_decode_acceptance_rate=60.0, spec_decode_acceptance_length=2.5)
-        with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as f:
-            json.dump(out, f)
+        # passes on the one server until AUTOTUNE_PASSES' seconds, caches emptied between (autotune.vllm_cli)
+        from autotune.vllm_cli import _reset, pass_name
+        spec = json.loads(os.environ.get("AUTOTUNE_PASSES") or "{}")
+        done, k = 0.0, 0
+        while True:
+            k += 1
+            name = pass_name(opt("--result-filename"), k) if spec else opt("--result-filename")
+            with open(os.path.join(opt("--result-dir"), name), "w") as f:
+                json.dump(out, f)
+            done += out["duration"]
+            if not spec or done >= spec["min_s"] or k >= spec["max"]:
+                break
+            _reset(opt("--base-url"), drafter=bool(spec.get("drafter")))
     else:
         sys.exit(f"fake launcher: unexpected {argv}")
 ''')
@@ -259,9 +277,13 @@ def test_verdict_line_gives_the_interval_and_confirms_resolution():
 
 
 def test_confirm_rounds_run_in_abba_order():
-    """Baseline first in every round (B,P,B,P,B,P) let a drift over the run favour one side."""
-    order = [side for n in range(1, 5) for side in c.round_order(n)]
+    """Baseline first in every round (B,P,B,P,B,P) let a drift over the run favour one side; the study's
+    rounds and confirm's share the one order (autotune.measure.intervals.abba)."""
+    from autotune.measure.intervals import abba
+
+    order = [side for n in range(1, 5) for side in abba(n, c.SIDES)]
     assert order == ["baseline", "pick", "pick", "baseline", "baseline", "pick", "pick", "baseline"]
+    assert abba(2, ("baseline", "pick", "deployed")) == ("deployed", "pick", "baseline")
 
 
 def test_served_interval_is_a_t_interval_over_paired_rounds():
@@ -303,11 +325,11 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     assert served["speedup"] == pytest.approx(1.5)
     assert (served["speedup_lo"], served["speedup_hi"]) == (pytest.approx(1.5), pytest.approx(1.5))
     assert served["pick"]["acceptance_rate"] == pytest.approx(0.6) and served["baseline"]["acceptance_rate"] is None
-    assert served["claimed"] == {"speedup": 1.6, "lo": 1.55, "hi": 1.7}
+    assert served["claimed"] == {"speedup": 1.6, "lo": 1.55, "hi": 1.7, "unit": None}
     # files kept: each round's server log and bench JSON, the dataset and the baseline script
     for n in (1, 2):
         for side in c.SIDES:
-            for ext in ("log", "json", "bench.log"):
+            for ext in ("log", "pass1.json", "bench.log"):
                 assert (d / "confirm" / f"round-{n}-{side}.{ext}").is_file()
     assert (d / "confirm" / "workload.jsonl").read_text().count("\n") == 6
     assert "--speculative-config" not in (d / "confirm" / "baseline.sh").read_text()
@@ -325,7 +347,11 @@ def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake
     md = (d / "report.md").read_text()
     assert md.startswith("# autotune study\n\nthe study's own text\n") and md.count(c.SECTION) == 1
     assert "the claim lies above the served figure" in md
-    assert any("round 2/2 pick: 150.0 output tok/s" in x for x in lines)
+    assert any("round 2 pick: 150.0 output tok/s over 6.0 s in 6 pass(es)" in x for x in lines)
+    assert any(x == "confirm: stopped after 2 round(s): the 2 round(s) asked for (--rounds)" for x in lines)
+    # the served rounds are the holdout: they make the pick's figure, and report.md's best line says it
+    assert report["figure"]["source"] == "served" and report["figure"]["speedup"] == pytest.approx(1.5)
+    assert "best: trial 1" in md and "served: vllm serve + vllm bench serve, after the choice" in md
     # nothing left: every server's process group and its "engine core" child
     assert all(_gone(p) for p in fake.pids()) and len(fake.pids()) == 8
     assert all(not servers.group_alive(r["server_pid"]) for r in served["per_round"])
@@ -563,7 +589,13 @@ def test_compare_served_both_served_compares_served_speedups(two):
     new, old = _with_served(two[0], 1.20, 1.10, 1.30), _with_served(two[1], 1.40, 1.30, 1.50)
     r = sv.compare_served(new, old)
     assert r.ratio == pytest.approx(1.2 / 1.4) and r.reasons == []
-    assert (r.ratio_lo, r.ratio_hi) == (pytest.approx(1.10 / 1.50), pytest.approx(1.30 / 1.30))  # the widest allowed
+    # two runs' intervals combined in quadrature on the log scale (the widest quotient added them whole)
+    import math
+
+    centre, half = math.log(math.sqrt(1.10 * 1.30) / math.sqrt(1.30 * 1.50)), math.hypot(
+        0.5 * math.log(1.30 / 1.10), 0.5 * math.log(1.50 / 1.30))
+    assert (r.ratio_lo, r.ratio_hi) == (pytest.approx(math.exp(centre - half)), pytest.approx(math.exp(centre + half)))
+    assert 1.10 / 1.50 < r.ratio_lo and r.ratio_hi < 1.30 / 1.30
     assert "compared on served speedups" in r.notes[0]
     r = sv.compare_served(new, _with_served(two[1], 1.22))
     assert r.ratio == pytest.approx(1.2 / 1.22) and (r.ratio_lo, r.ratio_hi) == (None, None)

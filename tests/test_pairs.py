@@ -13,7 +13,8 @@ from optuna.trial import TrialState
 
 from autotune.measure.config import Settings, StudyConfig
 from autotune.run.evaluate import CONSTRAINTS, Evaluation, Reference
-from autotune.measure.metrics import instances_of, paired_interval, pool
+from autotune.measure.intervals import paired_t
+from autotune.measure.metrics import instances_of, paired_interval, pool, round_pairs
 from autotune.measure.resolution import resolve
 from autotune.results.files import write_results
 from autotune.measure.slo import parse_slos
@@ -78,163 +79,139 @@ def test_a_pooled_record_judges_its_slos_on_the_pooled_metrics_and_correctness_o
     assert ev.values == [pytest.approx(97.0)]
 
 
-def test_the_paired_interval_has_instances_as_its_unit():
-    sel = [999, 999]  # the selecting trial's instance (and the baseline's trial 0): left out of the figure
-    one = paired_interval([sel, [200, 204]], [[1, 1], [100, 101]])
-    assert one[0] == pytest.approx(202 / 100.5) and one[3] == 1 and math.isnan(one[1])  # one pair: no interval
-    # Two pairs that disagree (2.0x and 1.5x): the interval spans both, wider than either pair's.
-    two = paired_interval([sel, [200, 204], [150, 152]], [[1, 1], [100, 101], [100, 101]])
-    assert two[3] == 2 and two[1] < 1.5 and two[2] > 2.0
-    # Pairs are formed from the most recent instance back: an extra old baseline instance is left out.
-    assert paired_interval([sel, [200, 204]], [[1, 1], [50, 50], [100, 101]])[0] == pytest.approx(one[0])
-    assert instances_of({"output_tok_s_windows": [1.0, 2.0]}) == [[1.0, 2.0]]  # a record from before
+def _rec(instances, rounds):
+    """A pooled record: each instance's windows and the round it was measured in (None: on its own)."""
+    flat = [x for w in instances for x in w]
+    return {"output_tok_s": sorted(flat)[len(flat) // 2], "output_tok_s_windows": flat,
+            "output_tok_s_instances": [list(w) for w in instances], "output_tok_s_rounds": list(rounds),
+            "e2e_ms_p50": 100.0, "tpot_ms_p50": 1.0}
 
 
-def test_the_selecting_trial_never_enters_the_picks_figure():
-    """Winner's curse: the pick's first instance is the trial that won the selection, lucky among the
-    candidates; paired with trial 0 a study apart, it used to stay in the pick's figure and interval."""
-    lucky = [[400, 400]]  # the selecting trial, 4x on a lucky instance
-    rounds = [[300, 300], [290, 290], [310, 310]]  # re-measured side by side: 3x
-    base = [[100, 100]] * 4
-    r, lo, hi, n = paired_interval(lucky + rounds, base)
-    assert n == 3 and r == pytest.approx(3.0, rel=0.01) and hi < 3.3
-    assert paired_interval([[100, 100]] + rounds, base)[:3] == pytest.approx((r, lo, hi))  # whatever it was
+def test_pairs_are_the_instances_measured_in_the_same_round_and_never_cross():
+    """Issue 49: the pick's rounds used to be paired with the baseline's most recent instances, which
+    may have been measured beside another pick's rounds. A pair is two instances of one round."""
+    base = _rec([[100, 100], [50, 50], [100, 101], [99, 99]], [None, "s6.1", "h2.1", "h2.2"])
+    pick = _rec([[400, 400], [200, 204], [210, 212]], [None, "h2.1", "h2.2"])
+    r, lo, hi, n = paired_interval(pick, base)
+    assert n == 2 and r == pytest.approx(math.sqrt(202 / 100.5 * 211 / 99), rel=1e-6) and lo < r < hi
+    # the baseline's round "s6.1" (beside another config) and both first trials never enter a pair
+    assert [rd for rd, _, _ in round_pairs(pick, base)] == ["h2.1", "h2.2"]
+    # a round the other side never ran in pairs with nothing: no figure from it
+    assert paired_interval(_rec([[400, 400], [300, 300]], [None, "h9.1"]), base)[3] == 0
+    # pooling keeps each instance's round
+    m = pool(_rec([[1, 1]], [None]), _rec([[2, 2]], ["s6.1"]))
+    assert m["output_tok_s_rounds"] == [None, "s6.1"] and instances_of(m) == [[1, 1], [2, 2]]
+    assert instances_of({"output_tok_s_windows": [1.0, 2.0]}) == [[1.0, 2.0]]  # a record from before rounds
 
 
-def test_the_paired_interval_is_a_t_interval_on_log_ratios_and_covers_on_three_pairs():
-    """The old cluster bootstrap over 2-3 pairs fell short of 95%; a t-interval on log ratios holds it
-    (here 2,000 simulated studies of 3 pairs, instance noise 15% a side: 93-97%)."""
-    rng = np.random.default_rng(7)
-    hits = 0
-    for _ in range(2000):
-        c = [[float(x)] * 2 for x in 300 * np.exp(rng.normal(0, 0.15, 4))]
-        b = [[float(x)] * 2 for x in 100 * np.exp(rng.normal(0, 0.15, 4))]
-        _, lo, hi, n = paired_interval(c, b)
-        hits += lo <= 3.0 <= hi
-    assert n == 3 and 0.93 <= hits / 2000 <= 0.97, hits
+def test_the_holdout_interval_widens_where_the_ratio_moved_between_blocks_and_never_narrows():
+    """The figure's interval: a t-interval over the holdout's pairs, widened by how far the pick's ratio
+    moved since its selection rounds (another machine state); the selection rounds' mean never moves
+    the figure itself."""
+    from autotune.measure.pairs import figure, holdout_interval
+
+    holdout = [(300.0, 100.0), (306.0, 101.0), (297.0, 99.0), (303.0, 100.0)]
+    plain = figure(holdout)
+    same = holdout_interval(holdout, [math.log(3.0), math.log(3.01)])
+    moved = holdout_interval(holdout, [math.log(3.6), math.log(3.7)])  # a lucky, faster state: the winner's
+    assert same[:2] == pytest.approx(plain[:2]) and same[3] == 4
+    assert moved[0] == pytest.approx(plain[0])  # the point: the holdout's alone
+    assert moved[1] < plain[1] and moved[2] > plain[2]  # wider: the ratio moves with the machine's state
+    assert holdout_interval(holdout[:1], [0.1])[3] == 1 and math.isnan(holdout_interval(holdout[:1])[1])
 
 
-def test_the_resolution_says_what_the_evidence_can_tell_apart():
-    base = {"output_tok_s": 100, "output_tok_s_windows": [99, 101],
-            "output_tok_s_instances": [[99, 101], [98, 102], [100, 100], [99, 101]]}
-    clear = {"output_tok_s": 200, "output_tok_s_windows": [198, 202],
-             "output_tok_s_instances": [[198, 202], [200, 210], [196, 200], [203, 207]]}
-    r = resolve(clear, base)
-    assert r.decided and r.pairs == 3 and r.lo > 1.03 and 0 < r.resolution < 0.1
-    tie = {"output_tok_s": 101, "output_tok_s_windows": [97, 105],
-           "output_tok_s_instances": [[97, 105], [99, 103], [104, 104], [98, 100]]}
-    r = resolve(tie, base, runner_up=tie, runner_label="ngram k=2")
-    assert not r.decided and r.lo < 1.03
-    assert r.runner_up["label"] == "ngram k=2" and r.runner_up["ratio"] == 1.0 and not r.runner_up["decided"]
-    assert "a tie at this resolution" in r.line() and "cannot be told apart" in r.line()
-    assert "the selecting trial left out" in r.line() and "(windows of one instance each)" in r.line()
-    few = resolve({**clear, "output_tok_s_instances": clear["output_tok_s_instances"][:2]}, base)
-    assert few.pairs == 1 and not few.decided and "no interval" in few.line()
+def test_the_resolution_says_what_the_figure_can_tell_apart():
+    r = resolve(2.0, 1.9, 2.1, 4, runner_up={"label": "ngram k=2", "ratio": 1.01, "lo": 0.95, "hi": 1.07, "pairs": 2})
+    assert r.decided and r.pairs == 4 and r.resolution == pytest.approx(math.sqrt(2.1 / 1.9) - 1)
+    assert r.runner_up["label"] == "ngram k=2" and not r.runner_up["decided"]
+    line = r.line()
+    assert "on 4 holdout pairs" in line and "cannot be told apart" in line and "a tie at this resolution" in line
+    assert "(2 selection round(s), paired)" in line
+    far = resolve(2.0, 1.9, 2.1, 4, runner_up={"label": "x", "ratio": 1.5, "lo": 1.3, "hi": 1.7, "pairs": 0})
+    assert "(windows of one instance each)" in far.line() and far.runner_up["decided"]
+    assert "no interval" in resolve(2.0, None, None, 1).line()
 
 
-# The FAKE engine with a pick that is only ~1% faster than the baseline: no number of pairs decides it.
-TIE_ENGINE = '''
+# The FAKE engine with ngram k=2 planted behind k=1 on its first engine and ahead of it after: the
+# selection rounds change the choice, which the holdout then measures alone.
+SWAP_ENGINE = '''
 import fake_engine
 
 
 def run_job(job, phase):
-    kw = job["engine_kwargs"]
-    if not kw.get("speculative_config"):
-        return fake_engine.run_job(job, phase)
-    # The speculative config runs as the baseline does (its own noise: another trial folder), 1% faster.
-    out = fake_engine.run_job({**job, "engine_kwargs": {k: v for k, v in kw.items() if k != "speculative_config"}},
-                              phase)
+    out = fake_engine.run_job(job, phase)
+    spec = job["engine_kwargs"].get("speculative_config") or {}
+    first = str(job.get("workdir") or "").endswith(("0001", "0002"))
+    k = spec.get("num_speculative_tokens")
+    # k=1 measures 1.6x its speed on its first engine (a lucky instance); later every engine runs true
+    factor = 1.6 if k == 1 and first else 1.0
     for w in out["windows"]:
-        w["window_s"] /= 1.01
+        w["window_s"] /= factor
     return out
 '''
 
 
-def _tie_engine(tmp_path, monkeypatch):
+def _swap_engine(tmp_path, monkeypatch):
     (tmp_path / "engines").mkdir(exist_ok=True)
-    (tmp_path / "engines" / "tie_engine.py").write_text(TIE_ENGINE)
+    (tmp_path / "engines" / "swap_engine.py").write_text(SWAP_ENGINE)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "engines"), os.environ["PYTHONPATH"]]))
 
 
-@pytest.mark.parametrize("engine, pairs, rounds", [("fake_engine", 5, 3), ("tie_engine", 3, 3)])
-def test_rounds_of_fresh_engines_are_added_until_the_pick_is_decided(tmp_path, fake_engine_env, monkeypatch,
-                                                                      engine, pairs, rounds):
-    """A clear pick (the fake's ngram: about 2x) is decided after the 3 rounds of fresh engines its
-    figure needs (the selecting trial left out), though --pairs allows 5; a pick within 1% of the
-    baseline is not, so rounds go on to --pairs, alternating which side goes first (ABBA), and
-    best.json states the resolution reached."""
-    _tie_engine(tmp_path, monkeypatch)
-    # A seed under which the 1%-faster config is measured ahead of the baseline on its first engine
-    # and stays ahead when pooled (under others the pooled baseline overtakes it and the study stops).
-    monkeypatch.setenv("AUTOTUNE_FAKE_SEED", "3")
+def test_a_re_chosen_pick_has_its_figure_from_the_holdout_alone(tmp_path, fake_engine_env, monkeypatch):
+    """Select, then estimate (issue 49): the selection rounds may change the choice (here k=1's lucky
+    first engine put it ahead; side by side, k=2 wins), and the pick's figure then comes from the
+    holdout rounds measured after the choice alone, paired by round, never from a round that chose it."""
+    _swap_engine(tmp_path, monkeypatch)
+    monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0.01")
+    monkeypatch.setenv("AUTOTUNE_FAKE_INSTANCE_NOISE", "0.01")
     space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
-    cfg = StudyConfig(name="pairs", results_dir=tmp_path / "pairs", settings=Settings(model="fake-model"),
-                      objectives=("output_tok_s",), n_trials=2, trial_timeout_s=20, engine_module=engine,
-                      strategy="grid", remeasure=True, pairs=pairs)
-    study = run_study(cfg, load_workload("examples/smoke.jsonl"), space)
-    again = [t for t in study.trials if t.user_attrs.get("role") == "re-measure"]
-    assert len(again) == 2 * rounds and all(t.state == TrialState.COMPLETE for t in again)
-    sides = ["base" if t.user_attrs["label"] == "none" else "pick" for t in again]
-    assert sides == ["pick", "base", "base", "pick", "pick", "base", "base", "pick"][:2 * rounds]
-    # Each round pools with the record before it: the last records carry every instance.
-    assert len(instances_of(again[-1].user_attrs["measurement"])) == rounds + 1
+    cfg = StudyConfig(name="swap", results_dir=tmp_path / "swap", settings=Settings(model="fake-model"),
+                      objectives=("output_tok_s",), n_trials=3, trial_timeout_s=20, engine_module="swap_engine",
+                      strategy="grid", remeasure=True, pairs=2)
+    study = run_study(cfg, load_workload("examples/smoke.jsonl"),
+                      space, enqueue=[{"method": "ngram", "num_speculative_tokens": 1},
+                                      {"method": "ngram", "num_speculative_tokens": 2}])
     report = write_results(study, cfg.results_dir, settings=cfg.settings, platform={"platform": "cpu"},
                            objectives=list(cfg.objectives), storage_url=cfg.storage_url)
-    res = report["resolution"]
-    assert res["pairs"] == rounds and res["decided"] == (engine == "fake_engine")
-    assert math.isfinite(res["resolution"]) and res["lo"] <= res["speedup"] <= res["hi"]
-    assert report["remeasured"]["trial"] == 1  # the pick's first engine, however many rounds followed
+    trials = study.trials
+    first_k1 = next(t for t in trials if t.user_attrs.get("label") == "ngram k=1")
+    first_k2 = next(t for t in trials if t.user_attrs.get("label") == "ngram k=2")
+    assert first_k1.values[0] > first_k2.values[0]  # the lucky instance led the candidates
+    sel = report["selection"]
+    assert sel["label"] == "ngram k=2" and sel["rounds"] == 2 and "ahead of ngram k=1" in sel["why"]
+    held = [t for t in trials if t.user_attrs.get("role") == "holdout"]
+    chosen_at = max(t.number for t in trials if t.user_attrs.get("role") == "re-measure")
+    assert held and min(t.number for t in held) > chosen_at  # every holdout trial after the last selection round
+    pick = [t for t in held if t.user_attrs["label"] == "ngram k=2"]
+    base = [t for t in held if t.user_attrs["label"] == "none"]
+    by_round = {t.user_attrs["round"]: t.user_attrs["measurement"]["output_tok_s"] for t in base}
+    expect = paired_t([t.user_attrs["measurement"]["output_tok_s"] for t in pick],
+                      [by_round[t.user_attrs["round"]] for t in pick])
+    f = report["figure"]
+    assert f["status"] == "measured" and f["source"] == "holdout" and f["pairs"] == 2
+    assert f["speedup"] == pytest.approx(expect[0])  # the holdout's pairs alone: no selection round in it
+    assert report["best"]["label"] == "ngram k=2"
 
 
-def test_the_claimed_speedup_rests_on_the_pairs_measured_side_by_side():
-    """The baseline's first engine runs minutes before the pick's (trial 0): where the machine
-    drifts in between, pooling every baseline instance pulls the ratio; the pairs do not."""
-    from autotune.study.pareto import speedup
+def test_a_study_that_ends_before_its_holdout_states_no_interval(tmp_path, fake_engine_env, monkeypatch):
+    """A pick whose holdout did not finish (here: the time budget, planted, lets its first round run and
+    no more, as autotune.study.budget does when the next round does not fit) has no figure: best.json
+    says why, and the headline prints no interval as its speedup."""
+    from autotune.results.text import headline
+    from autotune.study import budget
 
-    base = {"output_tok_s": 200.0, "e2e_ms_p50": 100.0, "tpot_ms_p50": 2.0,
-            "output_tok_s_windows": [200.0] * 6 + [400.0] * 4,
-            "output_tok_s_instances": [[200.0, 200.0]] * 3 + [[400.0, 400.0]] * 2}
-    pick = {"output_tok_s": 800.0, "e2e_ms_p50": 50.0, "tpot_ms_p50": 1.0,
-            "output_tok_s_windows": [800.0] * 6, "output_tok_s_instances": [[800.0, 800.0]] * 3}
-    s = speedup(pick, base)
-    assert s["output_tok_s_pooled"] == pytest.approx(4.0)  # 800 over the median of every baseline window
-    # the last two pairs, the pick's selecting trial left out
-    assert s["output_tok_s"] == pytest.approx(2.0) and s["output_tok_s_pairs"] == 2
-    assert s["output_tok_s_lo"] <= s["output_tok_s"] <= s["output_tok_s_hi"]
-    assert s["output_tok_s_unit"] == "paired instances"
-    one = speedup({**pick, "output_tok_s_instances": [[800.0, 800.0]]}, base)  # never re-measured: windows
-    assert one["output_tok_s"] == pytest.approx(4.0) and "output_tok_s_pairs" not in one
-    assert one["output_tok_s_unit"] == "windows of one instance"
-
-
-def test_a_pick_that_changes_after_rounds_began_gets_the_rounds_its_figure_needs(tmp_path, fake_engine_env,
-                                                                                monkeypatch):
-    """The demo once printed a pick whose figure "rests on 2 pairs": the cap on all re-measurements
-    counted the rounds of an earlier pick too. Planted here: ngram k=1 is the pick until its three
-    rounds are done, then the choice falls to the faster k=2 (as when a pooled pick regresses); the
-    new pick still gets its own FIGURE_PAIRS rounds. FAKE engine, quiet windows and instances."""
-    from autotune.measure.resolution import FIGURE_PAIRS
-    from autotune.study import pareto
-
-    monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
-    monkeypatch.setenv("AUTOTUNE_FAKE_INSTANCE_NOISE", "0")
-    real = pareto.choose
-
-    def planted(view, **kw):
-        first = next((t for t in view.current if t.user_attrs.get("label") == "ngram k=1"), None)
-        if first is not None and len(instances_of(first.user_attrs["measurement"])) <= FIGURE_PAIRS:
-            return pareto.Choice(first)  # the earlier pick, until its own rounds are done
-        return real(view, **kw)
-
-    monkeypatch.setattr(pareto, "choose", planted)
+    monkeypatch.setattr(budget, "extra_allowed", lambda view, cfg, clock: not any(
+        t.user_attrs.get("role") == "holdout" for t in view.trials))
     space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
-    cfg = StudyConfig(name="switch", results_dir=tmp_path / "switch", settings=Settings(model="fake-model"),
-                      objectives=("output_tok_s",), n_trials=3, trial_timeout_s=20, engine_module="fake_engine",
-                      strategy="grid", remeasure=True, pairs=3)
+    cfg = StudyConfig(name="short", results_dir=tmp_path / "short", settings=Settings(model="fake-model"),
+                      objectives=("output_tok_s",), n_trials=2, trial_timeout_s=20, engine_module="fake_engine",
+                      strategy="grid", remeasure=True, pairs=4, time_budget_s=600)
     study = run_study(cfg, load_workload("examples/smoke.jsonl"), space)
-    again = [t for t in study.trials if t.user_attrs.get("role") == "re-measure"]
-    picks = [t.user_attrs["label"] for t in again if t.user_attrs["label"] != "none"]
-    assert picks == ["ngram k=1"] * FIGURE_PAIRS + ["ngram k=2"] * FIGURE_PAIRS, picks
-    last = max((t for t in again if t.user_attrs["label"] == "ngram k=2"), key=lambda t: t.number)
-    assert len(instances_of(last.user_attrs["measurement"])) == FIGURE_PAIRS + 1  # its first engine and 3 rounds
-    assert all(t.state == TrialState.COMPLETE for t in again)
+    report = write_results(study, cfg.results_dir, settings=cfg.settings, platform={"platform": "cpu"},
+                           objectives=list(cfg.objectives), storage_url=cfg.storage_url)
+    f = report["figure"]
+    assert f["status"] == "not measured" and f["lo"] is None and f["hi"] is None, f
+    assert "of 4 holdout pairs measured" in f["why"] and "--resume measures the rest" in f["why"]
+    line = headline(report)
+    assert line.startswith("best: trial") and "no figure" in line and "[" not in line.split("(")[0], line
+    assert report["resolution"] is None

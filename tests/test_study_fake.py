@@ -56,7 +56,7 @@ def test_failures_become_failed_trials_and_the_study_completes(tmp_path, fake_en
     assert report["best"]["trial"] == 4 and report["best"]["speedup"]["output_tok_s"] > 2
     frame = pd.read_csv(c.results_dir / "trials.csv")
     assert list(frame["state"]) == ["COMPLETE", "FAIL", "FAIL", "FAIL", "COMPLETE"]
-    assert set(frame["schema_version"]) == {report["schema_version"]} == {3}  # one bump for both files
+    assert set(frame["schema_version"]) == {report["schema_version"]} == {4}  # one bump for both files
     assert frame.loc[1, "failure"].startswith("RuntimeError: fake engine init failed")
     for name in ("study.db", "trials.csv", "pareto.csv", "best.json", "serve.sh", "report.md"):
         assert (c.results_dir / name).is_file(), name
@@ -257,8 +257,8 @@ def test_configs_queued_past_the_budget_are_left_out_aloud_and_the_remeasurement
     wl = load_workload("examples/smoke.jsonl")
     notes = _Notes()
     # --trials 3 --try k=2 --try k=3 --try k=4: the baseline, k=2 and k=3 use the budget.
-    study = run_study(cfg(tmp_path, n_trials=3, remeasure=True), wl, space, enqueue=[_ngram(2), _ngram(3), _ngram(4)],
-                      progress=notes)
+    c = cfg(tmp_path, n_trials=3, remeasure=True)
+    study = run_study(c, wl, space, enqueue=[_ngram(2), _ngram(3), _ngram(4)], progress=notes)
     t = study.trials
     assert not [x.number for x in t if x.state == TrialState.WAITING]
     left = [x for x in t if "left_out" in x.user_attrs]
@@ -266,13 +266,12 @@ def test_configs_queued_past_the_budget_are_left_out_aloud_and_the_remeasurement
     assert notes.notes == [left[0].user_attrs["left_out"]]
     assert notes.notes[0] == ("left out: ngram k=4 (queued, but the --trials budget of 3 is used; "
                               "--resume with a larger --trials measures it)")
-    # The queue did not starve the fresh-engine re-measurement of the pick and the baseline.
-    again = [x for x in t if x.user_attrs.get("role") == "re-measure"]
-    # three rounds (the pick's figure rests on them alone: autotune.measure.resolution.FIGURE_PAIRS)
-    assert len(again) == 6 and all(x.state == TrialState.COMPLETE for x in again)
-    # the pick's fresh engine first, then the baseline's, then ABBA on: k=3 (the faster), the baseline, ...
-    assert [x.user_attrs["remeasure_of"] for x in again][:2] == [2, 0]
-    assert [x.user_attrs["label"] for x in again] == ["ngram k=3", "none", "none", "ngram k=3", "ngram k=3", "none"]
+    # The queue did not starve the holdout of the pick and the baseline (the figure's: autotune.study.holdout).
+    held = [x for x in t if x.user_attrs.get("role") == "holdout"]
+    assert len(held) == 2 * c.pairs and all(x.state == TrialState.COMPLETE for x in held)
+    # side by side in the one ABBA order: the baseline first in round 1, the pick first in round 2, ...
+    assert [x.user_attrs["label"] for x in held] == ["none", "ngram k=3", "ngram k=3", "none"] * (c.pairs // 2)
+    assert {x.user_attrs["holdout_of"] for x in held} == {0, 2} and "remeasure_of" not in held[0].user_attrs
     report = write_results(study, tmp_path / "fake", settings=Settings(model="fake-model"),
                            platform={"platform": "cpu"}, objectives=["output_tok_s", "e2e_ms_p50"],
                            storage_url=f"sqlite:///{tmp_path / 'fake' / 'study.db'}")
@@ -280,7 +279,7 @@ def test_configs_queued_past_the_budget_are_left_out_aloud_and_the_remeasurement
     # A larger budget on --resume measures what was left out.
     study = run_study(cfg(tmp_path, n_trials=4, remeasure=True), wl, space, resume=True)
     measured = [x for x in study.trials if x.state == TrialState.COMPLETE and x.user_attrs["label"] == "ngram k=4"
-                and x.user_attrs.get("role") != "re-measure"]
+                and x.user_attrs.get("role") not in ("re-measure", "holdout")]
     assert len(measured) == 1 and "left_out" not in measured[0].user_attrs
     report = write_results(study, tmp_path / "fake", settings=Settings(model="fake-model"),
                            platform={"platform": "cpu"}, objectives=["output_tok_s", "e2e_ms_p50"],
@@ -477,14 +476,15 @@ def test_the_speedup_interval_comes_from_the_windows_noise(tmp_path, fake_engine
 def test_a_lossy_config_is_picked_only_on_a_significant_gain(tmp_path, fake_engine_env, monkeypatch, gain, picked):
     """Lossless first, on noisy windows: fp8 KV on the same ngram config is no faster in the fake
     engine, so whatever the noise makes it measure, the lossless config is the pick; planted 1.5x
-    faster, its gain is significant and it is. Drift within its budget either way (0.08 < 0.1)."""
+    faster, its gain over the selection rounds' paired instances is significant and it is. Drift
+    within its budget either way (0.08 < 0.1)."""
     from autotune.measure.validate import Tolerances
 
     if gain:
         monkeypatch.setenv("AUTOTUNE_FAKE_LOSSY_GAIN", gain)
     monkeypatch.setenv("AUTOTUNE_FAKE_SEED", "3")  # a seed where noise alone makes fp8 measure faster
     space = load_space(FAKE_SPACE, platform="cpu", models=set())
-    c = cfg(tmp_path, n_trials=3, repeats=4, tolerances=Tolerances(max_logprob_drift=0.1))
+    c = cfg(tmp_path, n_trials=3, repeats=4, tolerances=Tolerances(max_logprob_drift=0.1), remeasure=True, pairs=2)
     study = run_study(c, load_workload("examples/smoke.jsonl"), space, enqueue=[NGRAM3, NGRAM3_FP8])
     lossless, lossy = study.trials[1], study.trials[2]
     assert lossy.user_attrs["verdict"]["passed"], lossy.user_attrs["verdict"]["reason"]
@@ -492,6 +492,9 @@ def test_a_lossy_config_is_picked_only_on_a_significant_gain(tmp_path, fake_engi
     report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu"},
                            objectives=list(c.objectives), storage_url=c.storage_url)
     assert report["best"]["label"] == picked
+    # decided on the selection rounds' paired instances (three: a lossy contender), never on windows
+    rounds = {x.user_attrs["round"] for x in study.trials if x.user_attrs.get("role") == "re-measure"}
+    assert len(rounds) == 3 and report["selection"]["rounds"] == 3, rounds
     if gain is None:
         assert report["lossless_first"]["passed_over"] == lossy.number
         assert report["lossless_first"]["gain_lo"] < 1 + c.lossy_min_gain, report["lossless_first"]

@@ -35,7 +35,7 @@ def test_a_current_report_reads(tmp_path):
 def test_version_1_still_reads_and_an_unknown_version_is_one_line(tmp_path):
     assert 1 in READABLE
     assert load_report(_write(tmp_path, _report(schema_version=1)))["schema_version"] == 1
-    with pytest.raises(BadInput, match=r"best.json: key 'schema_version': expected one of 1, 2, 3, got 99"):
+    with pytest.raises(BadInput, match=r"best.json: key 'schema_version': expected one of 1, 2, 3, 4, got 99"):
         load_report(_write(tmp_path, _report(schema_version=99)))
 
 
@@ -47,7 +47,7 @@ def test_a_missing_key_is_named(tmp_path):
 
 
 def test_an_undeclared_key_in_the_current_version_is_named(tmp_path):
-    with pytest.raises(BadInput, match=r"key 'speed_of_light': not a key of schema version 3"):
+    with pytest.raises(BadInput, match=r"key 'speed_of_light': not a key of schema version 4"):
         load_report(_write(tmp_path, _report(speed_of_light=1)))
 
 

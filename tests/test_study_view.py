@@ -24,7 +24,8 @@ from autotune.study.view import StudyView
 
 PACKAGE = ROOT / "autotune"
 COVERED = [PACKAGE / "study" / f"{m}.py" for m in (
-    "budget", "opening", "pareto", "record", "remeasure", "schedule", "storage", "strategy", "trials")] + [
+    "budget", "figures", "holdout", "opening", "pareto", "record", "remeasure", "schedule", "select", "storage",
+    "strategy", "trials")] + [
     PACKAGE / "results" / "files.py", PACKAGE / "results" / "started.py", PACKAGE / "gate" / "deployed.py"]
 LEFT_OUT = {
     "__init__.py": "empty",

@@ -194,8 +194,10 @@ def watch(
                                      envvar="AUTOTUNE_WATCH_URL")],
     interval: Annotated[str, typer.Option(help="Window length: seconds between scrapes (60, 60s, 2m).")] = "60",
     once: Annotated[bool, typer.Option("--once", help="One window (two scrapes an interval apart), then exit: "
-                                                      "0 ok or idle, 5 drift, no drafts or no band, 6 "
-                                                      "unreachable (for cron or CI).")] = False,
+                                                      "0 ok, 5 drift, no drafts or no band, 6 unreachable, 7 "
+                                                      "idle: no traffic, nothing judged (for cron or CI).")] = False,
+    allow_idle: Annotated[bool, typer.Option("--allow-idle", help="With --once, exit 0 on a window with no "
+                                                                  "traffic instead of 7.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object a window instead of a line.")] = False,
     profile: Annotated[Optional[Path], typer.Option(help="Write each busy window's per-position acceptance "
                                                          "counts to this JSON file (an acceptance profile).")] = None,
@@ -218,7 +220,7 @@ def watch(
     deployed = load_deployed(results, storage=storage)
     try:
         code = run_watch(deployed, url, interval_s=seconds, once=once, as_json=json_out, profile=profile,
-                         retry_s=retry_s, say=lambda line: print(line, flush=True))  # a line a window, as it comes (tail, cron)
+                         retry_s=retry_s, allow_idle=allow_idle, say=lambda line: print(line, flush=True))  # a line a window, as it comes (tail, cron)
     except KeyboardInterrupt:
         raise typer.Exit(errors.INTERRUPTED) from None
     raise typer.Exit(code)

@@ -11,6 +11,7 @@ INTERNAL = 3  # an exception no module meant for the user: a bug
 UNDECIDED = 4  # check: the interval straddles the tolerance band; more pairs are needed to tell
 DRIFT = 5  # watch: live traffic has left what the study measured for the deployed config
 UNREACHABLE = 6  # watch: the server could not be reached for --retry-s seconds (an outage, not bad input)
+IDLE = 7  # watch: the window saw no traffic: nothing was judged (a gate pointed at the wrong server must not pass)
 INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_CODES = {
     OK: "done (check: no regression)",
@@ -22,6 +23,7 @@ EXIT_CODES = {
     DRIFT: "drift (watch): live acceptance or load left the study's interval for the deployed config; also a busy "
            "window with no drafts, or a metric without a band to judge it (never ok on nothing)",
     UNREACHABLE: "unreachable (watch): the server's /metrics did not answer for --retry-s seconds",
+    IDLE: "idle (watch): the window saw no output tokens, so nothing was judged (--allow-idle: exit 0 instead)",
     INTERRUPTED: "interrupted (Ctrl-C or SIGTERM): the running trial is recorded as interrupted; --resume continues",
 }
 

@@ -2,10 +2,14 @@
 
 Absolute tok/s moves by tens of percent between two runs on a shared machine, while ratios measured
 side by side in one run hold to a few percent. So the gate compares what one run measured:
-- the new study re-measured the deployed config (``search --warm-start``): the new pick against that
-  re-measurement, objective by objective, with the bootstrap interval of the ratio over windows;
-- otherwise: each pick's speedup over its own run's baseline, and the summary says that the
-  comparison spans two runs.
+- the new study re-measured the deployed config (``search --warm-start``): the new pick against it in
+  the holdout rounds both ran in (best.json's ``gate``: side by side, after the choice), objective by
+  objective, a t-interval over those paired rounds; the study adds rounds until it can decide at its
+  tolerance, and where it still cannot, the line says about how many pairs would (results from before
+  round 5: the bootstrap over windows, with a note that the unit is too narrow);
+- otherwise (the weaker mode): each pick's figure over its own run's baseline, their intervals combined
+  in quadrature, and the summary says that the comparison spans two runs; a run checked against
+  itself has nothing to judge and passes.
 The deployed config's drift (its speedup then and now) is reported beside, never judged on the old
 run's absolute numbers.
 
@@ -25,26 +29,16 @@ from typing import Any
 from autotune.core.errors import BadInput
 from autotune.measure.metrics import ratio_interval
 from autotune.measure.objectives import direction, windows_key
+from autotune.measure.pairs import OK, REGRESSED, UNDECIDED, decide, quotient_interval
 from autotune.serve.served import compare_served
 
 SAME_RUN = "same run"
 TWO_RUNS = "two runs"
+TWO_RUN_UNIT = "each run's interval, combined (two runs: the weaker mode)"
 
-# An objective's decision, and the check's status (the worst of its objectives, correctness first).
-OK, REGRESSED, UNDECIDED = "ok", "regressed", "cannot tell"
+# An objective's decision (autotune.measure.pairs, one rule for the study's holdout and this gate), and
+# the check's status (the worst of its objectives, correctness first).
 REGRESSION = "regression"
-
-
-def decide(ratio: float, lo: float | None, hi: float | None, tolerance: float) -> str:
-    """One objective's ratio (> 1 better) against the line 1 - tolerance, on its interval where
-    there is one: REGRESSED when the interval lies wholly below the line, OK when wholly at or above,
-    UNDECIDED when it straddles. Without an interval the point decides (and the caller says so)."""
-    line = 1 - tolerance
-    if lo is None or hi is None:
-        return REGRESSED if ratio < line else OK
-    if hi < line:
-        return REGRESSED
-    return OK if lo >= line else UNDECIDED
 
 
 @dataclass(frozen=True)
@@ -56,9 +50,12 @@ class ObjectiveChange:
     deployed: float  # same run: the deployed config's value now; two runs: its speedup then
     new: float  # same run: the new pick's value; two runs: its speedup now
     ratio: float
-    lo: float | None  # 95% interval of the ratio (same run: bootstrap over windows; two runs: from both speedups')
+    lo: float | None  # 95% interval of the ratio (same run: t over paired holdout rounds; two runs: both speedups')
     hi: float | None
     decision: str  # OK, REGRESSED or UNDECIDED (``decide``)
+    unit: str = "paired holdout rounds"  # what the interval is over
+    pairs: int | None = None
+    pairs_needed: int | None = None  # about how many pairs would decide, where it cannot tell
 
     @property
     def regressed(self) -> bool:
@@ -140,8 +137,22 @@ def _nan_none(x: float) -> float | None:
     return x if _finite(x) else None
 
 
+def _paired(name: str, dirn: str, gate: dict[str, Any], tol: float) -> ObjectiveChange | None:
+    """The pick against the deployed config over the holdout rounds both ran in (best.json's ``gate``):
+    the unit the study's figure has, measured side by side; decided here at ``tol``."""
+    g = (gate.get("objectives") or {}).get(name)
+    if not g or g.get("ratio") is None:
+        return None
+    lo, hi, n = g.get("lo"), g.get("hi"), int(g.get("pairs") or 0)
+    decision = decide(g["ratio"], lo, hi, tol) if n >= 2 and lo is not None else UNDECIDED
+    needed = g.get("pairs_needed") if decision == UNDECIDED else None
+    return ObjectiveChange(name, dirn, 1.0, g["ratio"], g["ratio"], lo, hi, decision, pairs=n, pairs_needed=needed)
+
+
 def _same_run(name: str, dirn: str, pick: dict[str, Any], dep: dict[str, Any], tol: float,
               same_trial: bool = False) -> ObjectiveChange | None:
+    """Before round 5 (no holdout pairs in best.json): the bootstrap over windows of one instance each,
+    a unit far narrower than instances differ (the note says so)."""
     n, d = pick.get(name), dep.get(name)
     if not _finite(n, d) or n <= 0 or d <= 0:
         return None
@@ -151,21 +162,12 @@ def _same_run(name: str, dirn: str, pick: dict[str, Any], dep: dict[str, Any], t
     nw, dw = pick.get(windows_key(name)) or [], dep.get(windows_key(name)) or []
     lo, hi = ratio_interval(nw, dw) if dirn == "maximize" else ratio_interval(dw, nw)
     lo, hi = _nan_none(lo), _nan_none(hi)
-    return ObjectiveChange(name, dirn, d, n, r, lo, hi, decide(r, lo, hi, tol))
+    return ObjectiveChange(name, dirn, d, n, r, lo, hi, decide(r, lo, hi, tol), unit="windows of one instance each")
 
 
 def _speedup_of(entry: dict[str, Any], base: dict[str, Any] | None, name: str, dirn: str) -> float:
     m, b = entry["measurement"].get(name), (base or {}).get("measurement", {}).get(name)
     return _oriented(m, b, dirn) if _finite(m, b) and m > 0 and b > 0 else float("nan")
-
-
-def quotient_interval(new: tuple[float | None, float | None], old: tuple[float | None, float | None]
-                      ) -> tuple[float | None, float | None]:
-    """The widest new/old the two intervals allow (None where either side has none)."""
-    (n_lo, n_hi), (o_lo, o_hi) = new, old
-    if not _finite(n_lo, n_hi, o_lo, o_hi) or o_lo <= 0 or o_hi <= 0:
-        return None, None
-    return n_lo / o_hi, n_hi / o_lo
 
 
 def _two_runs(name: str, dirn: str, new: dict[str, Any], old: dict[str, Any], tol: float) -> ObjectiveChange | None:
@@ -175,11 +177,20 @@ def _two_runs(name: str, dirn: str, new: dict[str, Any], old: dict[str, Any], to
         return None
     lo = hi = None
     if name == "output_tok_s":  # the one objective whose speedup carries an interval in best.json
-        sn, so = new["best"].get("speedup") or {}, old["best"].get("speedup") or {}
-        lo, hi = quotient_interval((sn.get("output_tok_s_lo"), sn.get("output_tok_s_hi")),
-                                   (so.get("output_tok_s_lo"), so.get("output_tok_s_hi")))
+        (n, n_lo, n_hi), (o, o_lo, o_hi) = _figure_of(new, n), _figure_of(old, o)
+        lo, hi = quotient_interval((n_lo, n_hi), (o_lo, o_hi))
     r = n / o
-    return ObjectiveChange(name, dirn, o, n, r, lo, hi, decide(r, lo, hi, tol))
+    return ObjectiveChange(name, dirn, o, n, r, lo, hi, decide(r, lo, hi, tol), unit=TWO_RUN_UNIT)
+
+
+def _figure_of(report: dict[str, Any], point: float) -> tuple[float, float | None, float | None]:
+    """A run's throughput speedup and its interval: its figure (holdout or served, measured after the
+    choice) where it has one, else best.json's speedup (before round 5)."""
+    f = report.get("figure") or {}
+    if f.get("status") == "measured" and _finite(f.get("speedup"), f.get("lo"), f.get("hi")):
+        return f["speedup"], f["lo"], f["hi"]
+    s = report["best"].get("speedup") or {}
+    return point, s.get("output_tok_s_lo"), s.get("output_tok_s_hi")
 
 
 def _drift(old_best: dict[str, Any], deployed: dict[str, Any], tol: float) -> Drift | None:
@@ -199,8 +210,12 @@ def _interval(lo: float | None, hi: float | None) -> str:
 def _undecided(c: ObjectiveChange, basis: str, tolerance: float) -> str:
     what = "the deployed config measured in the same run" if basis == SAME_RUN else "the deployed config's speedup " \
         "in the old run"
-    return (f"{c.name}: cannot tell: the new pick over {what} is {c.ratio:.3f}{_interval(c.lo, c.hi)}, an interval "
-            f"across the line {1 - tolerance:.2f} (the {tolerance:.0%} tolerance); measure more rounds to decide")
+    more = (f"about {c.pairs_needed} paired holdout rounds would decide (this run measured {c.pairs}: "
+            "search --pairs, or a wider --tolerance)" if c.pairs_needed else
+            "measure more rounds to decide" if basis == SAME_RUN else
+            "a run with --warm-start decides on pairs measured side by side")
+    return (f"{c.name}: cannot tell: the new pick over {what} is {c.ratio:.3f}{_interval(c.lo, c.hi)} ({c.unit}), "
+            f"an interval across the line {1 - tolerance:.2f} (the {tolerance:.0%} tolerance); {more}")
 
 
 def _reason(c: ObjectiveChange, basis: str, tolerance: float) -> str:
@@ -247,7 +262,11 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
             dirn = direction(name)
             if dirn is None:
                 continue
-            if basis == TWO_RUNS and name == "output_tok_s" and served is not None and served.ratio is not None:
+            if same := _same_evidence(new, old):
+                c = ObjectiveChange(name, dirn, 1.0, 1.0, 1.0, 1.0, 1.0, OK, unit=same)
+            elif basis == SAME_RUN and new.get("gate") and not _same_config(nb, dep):
+                c = _paired(name, dirn, new["gate"], tolerance)
+            elif basis == TWO_RUNS and name == "output_tok_s" and served is not None and served.ratio is not None:
                 # Both picks were served (autotune confirm): their served speedups, not the in-process claims.
                 c = ObjectiveChange(name, dirn, served.old, served.new, served.ratio, served.ratio_lo,
                                     served.ratio_hi, decide(served.ratio, served.ratio_lo, served.ratio_hi, tolerance))
@@ -258,6 +277,9 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
             if c is None:
                 notes.append(f"{name}: not measured on both sides, not compared")
                 continue
+            if c.unit == "windows of one instance each":
+                notes.append(f"{name}: results from before round 5 (no holdout pairs): decided on windows of one "
+                             "instance each, far narrower than instances differ; rerun the new study to decide on pairs")
             changes.append(c)
             if c.regressed:
                 reasons.append(_reason(c, basis, tolerance))
@@ -284,6 +306,21 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
     return CheckResult(status=status, reasons=reasons, objectives=changes,
                        new_label=nb["label"] if nb else None, old_label=ob["label"], tolerance=tolerance,
                        basis=basis, drift=drift, notes=notes, changed_context=changed, undecided=undecided)
+
+
+def _same_config(nb: dict[str, Any], dep: dict[str, Any] | None) -> bool:
+    return dep is not None and nb.get("trial") is not None and nb.get("trial") == dep.get("trial")
+
+
+def _same_evidence(new: dict[str, Any], old: dict[str, Any]) -> str | None:
+    """A run checked against itself (the same study's results, the same pick measured once): no change
+    to judge, so no regression; None for two runs."""
+    keys = ("study", "created", "storage")
+    nb, ob = new.get("best") or {}, old.get("best") or {}
+    if all(new.get(k) == old.get(k) for k in keys) and nb.get("trial") == ob.get("trial") \
+            and nb.get("measurement") == ob.get("measurement"):
+        return "the same run: identical evidence on both sides"
+    return None
 
 
 def _names(report: dict[str, Any]) -> str:
@@ -314,8 +351,7 @@ def markdown(r: CheckResult) -> str:
              f"Compared: {how}.", ""]
     if r.objectives:
         cols = ("deployed now", "new pick") if r.basis == SAME_RUN else ("deployed speedup then", "new speedup now")
-        unit = ("95% interval over the windows of one instance each" if r.basis == SAME_RUN else
-                "95% interval: the widest quotient of both runs' speedup intervals")
+        unit = "95% interval over " + " / ".join(dict.fromkeys(c.unit for c in r.objectives))
         lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better), {unit} |", "|---|---|---|---|"]
         for c in r.objectives:
             lines.append(f"| {c.name} ({c.direction}) | {c.deployed:.4g} | {c.new:.4g} | "

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import BadInput
-from autotune.gate.served_rounds import (CONFIRM_DIR, SIDES, RoundResult, read_passes, served_figure, served_numbers,
+from autotune.gate.served_rounds import (CONFIRM_DIR, SECTION, SIDES, RoundResult, read_passes, served_figure,
+                                        served_numbers,
                                         update_markdown, write_failure)
 from autotune.measure.intervals import abba
 from autotune.measure.sequential import MAX_ROUNDS, MAX_S, TARGET, Sequential
@@ -316,7 +317,8 @@ def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: f
         raise
     (st.out / "failure.json").unlink(missing_ok=True)
     say(f"confirm: stopped after {n} round(s): {stopped}")
-    served = served_numbers(report, st, done, warmups=warmups, stopped=stopped, min_pass_s=min_pass_s)
+    served = served_numbers(report, st, done, warmups=warmups, stopped=stopped, min_pass_s=min_pass_s,
+                            level=rule.level)
     claimed = served["claimed"]
     line = verdict((served["speedup"], served["speedup_lo"], served["speedup_hi"]),
                    (claimed["speedup"], claimed["lo"], claimed["hi"]), resolution=served["resolution"],

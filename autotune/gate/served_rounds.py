@@ -84,7 +84,7 @@ def _side_summary(rounds: list[RoundResult]) -> dict[str, Any]:
 
 
 def served_numbers(report: dict[str, Any], setup: Any, done: list[RoundResult], *, warmups: int, stopped: str,
-                   min_pass_s: float) -> dict[str, Any]:
+                   min_pass_s: float, level: float = 0.95) -> dict[str, Any]:
     """The served numbers as best.json keeps them (``best.served``), beside the study's claim.
     ``setup``: confirm's (its scripts, client and notes); ``stopped``: why the rounds stopped."""
     from autotune.measure.intervals import UNIT_ROUNDS, paired_t, resolution
@@ -92,10 +92,12 @@ def served_numbers(report: dict[str, Any], setup: Any, done: list[RoundResult], 
 
     by = {s: sorted((r for r in done if r.side == s), key=lambda r: r.round) for s in SIDES}
     pick_tps, base_tps = [r.output_tok_s for r in by["pick"]], [r.output_tok_s for r in by["baseline"]]
-    speedup, lo, hi, n = paired_t(pick_tps, base_tps)  # round n's pick against round n's baseline
+    # Round n's pick against round n's baseline; ``level``: the t level that covers 95% under the
+    # sequential rule that stopped the rounds (autotune.measure.sequential.LEVEL)
+    speedup, lo, hi, n = paired_t(pick_tps, base_tps, level=level)
     claimed = report["best"].get("speedup") or {}
     return {
-        "rounds": n, "order": [f"{r.side}" for r in done], "warmups": warmups, "stopped": stopped,
+        "rounds": n, "order": [f"{r.side}" for r in done], "warmups": warmups, "stopped": stopped, "t_level": level,
         "min_pass_s": min_pass_s, "passes": {s: [r.passes for r in by[s]] for s in SIDES},
         "servers": "+".join(sorted({r.started for r in done})),  # forked, fresh, or forked+fresh
         "pick_output_tok_s": pick_tps, "baseline_output_tok_s": base_tps,
@@ -141,7 +143,7 @@ def update_markdown(results_dir: Path, report: dict[str, Any]) -> None:
     head = "\n".join(f"**{headline(report)}.**" if x.startswith(("**best:", "**pick:")) else x
                      for x in lines_before) + "\n"
     sv = report["best"]["served"]
-    lines = ["", SECTION, "", served_line(report) or ""]
+    lines = ["", SECTION, "", f"**{headline(report)}.**", "", served_line(report) or ""]
     if not sv.get("failure"):
         lines += ["", "| round | baseline tok/s | pick tok/s |", "|---|---|---|"]
         lines += [f"| {i + 1} | {b:.1f} | {p:.1f} |"

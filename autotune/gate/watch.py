@@ -65,6 +65,10 @@ class Verdict:
 
     @property
     def exit_code(self) -> int:
+        """DRIFT for what moved (or cannot be judged), IDLE for a window with no traffic (never 0: a
+        watch pointed at the wrong server judged nothing), else OK."""
+        if self.status == IDLE:
+            return errors.IDLE
         return errors.DRIFT if self.status in (DRIFT, NO_DRAFTS, NO_BAND) else errors.OK
 
     @property
@@ -213,8 +217,9 @@ def take(url: str, retry_s: float = 0.0) -> Scrape:
 
 
 def watch(d: Deployed, url: str, *, interval_s: float, once: bool, say: Callable[[str], None],
-          as_json: bool = False, profile: Path | None = None, retry_s: float = 0.0) -> int:
-    """Judge a window every ``interval_s`` (``once``: one window, then its exit code).
+          as_json: bool = False, profile: Path | None = None, retry_s: float = 0.0, allow_idle: bool = False) -> int:
+    """Judge a window every ``interval_s`` (``once``: one window, then its exit code; an idle window's
+    is errors.IDLE unless ``allow_idle``).
 
     With --once the window is two scrapes ``interval_s`` apart, never one scrape against zero: the
     counters are totals since the server started, so against zero the window would hold its
@@ -231,4 +236,4 @@ def watch(d: Deployed, url: str, *, interval_s: float, once: bool, say: Callable
                                                   "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                                   **v.window.profile()}), indent=2) + "\n")
         if once:
-            return v.exit_code
+            return errors.OK if allow_idle and v.status == IDLE else v.exit_code

@@ -35,6 +35,32 @@ def figure(pairs: Sequence[tuple[float, float]], *, level: float = LEVEL) -> tup
     return paired_t([a for a, _ in pairs], [b for _, b in pairs], level=level)
 
 
+def holdout_interval(pairs: Sequence[tuple[float, float]], earlier: Sequence[float] = (), *, level: float = LEVEL
+                     ) -> tuple[float, float, float, int]:
+    """(ratio, lo, hi, n) of the pick over the baseline from its holdout ``pairs`` alone: exp(mean log
+    ratio), with a t-interval whose variance also holds how far the ratio moved between the holdout and
+    ``earlier`` log ratios of the same two configs measured side by side at another time (the selection
+    rounds). A speculative config's speed moves with the machine's state more than the baseline's, and
+    the state persists from one engine instance to the next, so rounds measured back to back agree more
+    than rounds an hour apart would; a second block of pairs from another time shows that spread. It
+    only ever widens the interval (the earlier pairs chose the pick, so their mean carries the winner's
+    curse and never enters the figure). benchmarks/calibration_fake.py measures the coverage."""
+    logs = [math.log(a / b) for a, b in pairs if a > 0 and b > 0]
+    n = len(logs)
+    if n < 2:
+        return figure(pairs, level=level)
+    mean = sum(logs) / n
+    within = sum((x - mean) ** 2 for x in logs) / (n - 1)
+    var = within / n
+    if earlier:
+        m = len(earlier)
+        e_mean = sum(earlier) / m
+        e_var = sum((x - e_mean) ** 2 for x in earlier) / (m - 1) / m if m > 1 else within
+        var += max(0.0, (e_mean - mean) ** 2 - var - e_var)
+    half = t_quantile(n - 1, level) * math.sqrt(var)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half), n
+
+
 def gate_decision(pairs: Sequence[tuple[float, float]], tolerance: float) -> str:
     """The pick (a) against the deployed config (b) over paired rounds: UNDECIDED below 2 pairs."""
     r, lo, hi, n = figure(pairs)
@@ -57,3 +83,18 @@ def rounds_needed(pairs: Sequence[tuple[float, float]], tolerance: float, *, mos
         if t_quantile(n - 1) * sd / math.sqrt(n) < gap:
             return n
     return most + 1
+
+
+def quotient_interval(new: tuple[float | None, float | None], old: tuple[float | None, float | None]
+                      ) -> tuple[float | None, float | None]:
+    """new/old's interval from two independent runs' intervals (None where either side has none): on
+    the log scale the half-widths add in quadrature around log(new/old), whose centre is the product of
+    each interval's geometric centre (the widest quotient, lo/hi to hi/lo, adds them whole: a run
+    against an equal one could then never pass)."""
+    (n_lo, n_hi), (o_lo, o_hi) = new, old
+    ends = (n_lo, n_hi, o_lo, o_hi)
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in ends) or min(ends) <= 0:  # type: ignore[type-var]
+        return None, None
+    centre = 0.5 * (math.log(n_lo * n_hi) - math.log(o_lo * o_hi))
+    half = math.hypot(0.5 * math.log(n_hi / n_lo), 0.5 * math.log(o_hi / o_lo))
+    return math.exp(centre - half), math.exp(centre + half)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.measure.pairs import quotient_interval
 from autotune.serve.bench_client import _num
 
 AGREE = "agree"  # what confirm wrote before round 4 (a point ratio within 5%); still read
@@ -139,8 +140,8 @@ def compare_served(new: dict[str, Any], old: dict[str, Any]) -> ServedComparison
     o, o_lo, o_hi = vals["old"]
     ratio = n / o if n is not None and o is not None and o > 0 else None
     r_lo = r_hi = None
-    if ratio is not None and None not in (n_lo, n_hi, o_lo, o_hi) and o_lo > 0:
-        r_lo, r_hi = n_lo / o_hi, n_hi / o_lo
+    if ratio is not None:
+        r_lo, r_hi = quotient_interval((n_lo, n_hi), (o_lo, o_hi))
     if ratio is not None:
         notes.append(f"output_tok_s: compared on served speedups (vllm serve + vllm bench serve): "
                      f"{_fmt(*vals['old'])} then, {_fmt(*vals['new'])} now")

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial
 from autotune.core import attrs
 from autotune.measure.intervals import UNIT_HOLDOUT, resolution
 from autotune.measure.objectives import direction
-from autotune.measure.pairs import decide, figure, rounds_needed
+from autotune.measure.pairs import decide, figure, holdout_interval, rounds_needed
 from autotune.study.holdout import deployed_beside, rounds_done, view_pairs
 from autotune.study.view import StudyView
 
@@ -45,7 +45,7 @@ def pick_figure(view: StudyView, pick: FrozenTrial | None, *, chosen: bool) -> d
                 "why": "the study ended before its choice was final (no holdout: the measured ratio is the claim only)"}
     if want == 0 and not pairs:
         return {**out, "status": PENDING, "why": "autotune confirm's served rounds (the holdout)"}
-    r, lo, hi, n = figure(pairs)
+    r, lo, hi, n = holdout_interval(pairs, _earlier(view, pick, base))
     out.update(source="holdout", pairs=n)
     if n < 2:
         done = len(rounds_done(view, pick))
@@ -56,6 +56,19 @@ def pick_figure(view: StudyView, pick: FrozenTrial | None, *, chosen: bool) -> d
         return {**out, "speedup": _num(r), "status": NOT_MEASURED, "why": why}
     return {**out, "status": MEASURED, "why": None, "speedup": r, "lo": lo, "hi": hi, "resolution": resolution(lo, hi),
             "wanted": want}
+
+
+def _earlier(view: StudyView, pick: FrozenTrial, base: FrozenTrial) -> list[float]:
+    """The pick's log ratios over the baseline in the selection rounds both ran in (side by side,
+    before the choice): how far the ratio moved at another time (autotune.measure.pairs.holdout_interval)."""
+    import math
+
+    import numpy as np
+
+    from autotune.measure.metrics import round_pairs
+
+    got = round_pairs(attrs.measurement(view.latest(pick)), attrs.measurement(view.latest(base)))
+    return [math.log(float(np.median(c)) / float(np.median(b))) for _, c, b in got if float(np.median(c)) > 0]
 
 
 def gate_pairs(view: StudyView, pick: FrozenTrial | None, tolerance: float) -> dict[str, Any] | None:

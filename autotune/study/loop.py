@@ -142,7 +142,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
     """One worker: ask, measure, tell, until the study's budget (trials, or time) is used (by every worker together)."""
     asks = duplicates = 0
     timed_out = ""  # the line that said the time budget ended the search, once said
-    # Each duplicate costs an ask, not a measurement; a small space can run out of new configs.
+    # Each duplicate costs an ask, not a measurement; a small space can run out of new configs. Work on
+    # top of the budget (selection, holdout) is asked from the queue, never a duplicate: it does not count.
     while asks < 4 * cfg.n_trials + 4:
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
@@ -185,8 +186,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             if step.params is not None:
                 study.enqueue_trial(step.params, user_attrs={attrs.PLANNED: step.why,
                                                              **({attrs.PAST_EDGE: step.beyond} if step.beyond else {})})
-        asks += 1
         trial = study.ask()
+        asks += attrs.role(trial) not in attrs.OUTSIDE_BUDGET
         trial.set_user_attr(attrs.WORKER, worker_id(thread))
         is_base = base is None
         fixed = StudyView.of(study).trial(trial.number).system_attrs.get("fixed_params")  # a queued config's

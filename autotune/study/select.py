@@ -33,7 +33,10 @@ from autotune.study.view import StudyView
 
 SELECTION_BAND = 0.10  # a runner-up within this of the leader (one instance each) may change the choice
 SELECTION_ROUNDS = 2  # rounds of fresh engines (baseline, leader, runner-up) when it may
-SELECTION_PREFIX = "s"  # selection rounds are "s1", "s2", ...
+# With a lossy contender: the lossy one must win on paired instances, and a t-interval on 2 pairs has
+# t(1) = 12.7 (no gain is significant on it), on 3 t(2) = 4.3.
+LOSSY_ROUNDS = 3
+SELECTION_PREFIX = "s"  # selection rounds are "s<candidates>.<n>": a resumed study's new selection never pairs old ones
 
 
 def _key(t: FrozenTrial) -> str:
@@ -74,9 +77,14 @@ def selected(view: StudyView) -> dict[str, Any] | None:
     return view.selected()
 
 
+def _prefix(view: StudyView) -> str:
+    return f"{SELECTION_PREFIX}{len(view.finished)}."
+
+
 def _rounds(view: StudyView) -> list[FrozenTrial]:
+    """This selection's rounds (after the candidates measured so far)."""
     return [t for t in view.trials if attrs.role(t) == attrs.REMEASURE
-            and str(attrs.round_of(t) or "").startswith(SELECTION_PREFIX) and not attrs.is_interrupted(t)]
+            and str(attrs.round_of(t) or "").startswith(_prefix(view)) and not attrs.is_interrupted(t)]
 
 
 def _comparison(view: StudyView, lead: FrozenTrial, runner: FrozenTrial) -> tuple[float, float, float, int]:
@@ -104,7 +112,8 @@ def _decide(view: StudyView, lead: FrozenTrial, runner: FrozenTrial, min_gain: f
                     "why": f"lossy, and its gain over the best lossless config on {n} paired rounds, {g:.2f}x "
                            f"[{g_lo:.2f}-{g_hi:.2f}], lies above 1 + {min_gain:.0%}"}
         said = f"{g:.2f}x [{g_lo:.2f}-{g_hi:.2f}] on {n} paired rounds" if n >= 2 else f"{n} paired round(s)"
-        return {"pick": lossless, "other": lossy, "passed_over": lossy.number, "gain": [g_lo, g_hi], **evidence,
+        return {"pick": lossless, "other": lossy, "passed_over": view.first_record(lossy).number, "gain": [g_lo, g_hi],
+                **evidence,
                 "why": f"lossless first: {attrs.label(lossy)} is lossy and its gain ({said}) does not lie above "
                        f"1 + {min_gain:.0%}"}
     if n == 0 or not math.isfinite(r) or r >= 1:
@@ -129,8 +138,10 @@ def selection_step(study: optuna.Study, view: StudyView, cfg: Any) -> bool:
         return False  # a round in flight
     min_gain = float(view.user_attrs.get(attrs.LOSSY_MIN_GAIN, LOSSY_MIN_GAIN))
     started = {attrs.round_of(t) for t in rounds}
-    close = runner is not None and (_lossy(lead) or within_band(view, lead, runner))
-    if close and cfg.remeasure and len(started) < SELECTION_ROUNDS and not _failed(rounds):
+    # Once rounds began they go on to their number: a round that moved the records apart decides nothing alone.
+    close = runner is not None and (bool(started) or _lossy(lead) or within_band(view, lead, runner))
+    want = LOSSY_ROUNDS if runner is not None and _lossy(lead) != _lossy(runner) else SELECTION_ROUNDS
+    if close and cfg.remeasure and len(started) < want and not _failed(rounds):
         _queue_round(study, view, len(started) + 1, [base, lead, runner])
         return True
     if runner is None:
@@ -187,4 +198,4 @@ def _queue_round(study: optuna.Study, view: StudyView, n: int, sides: list[Froze
     for i in abba(n, list(names)):
         t = view.latest(names[i])
         enqueue_again(study, t, {attrs.ROLE: attrs.REMEASURE, attrs.REMEASURE_OF: t.number,
-                                 attrs.ROUND: f"{SELECTION_PREFIX}{n}"})
+                                 attrs.ROUND: f"{_prefix(view)}{n}"})
