@@ -94,7 +94,7 @@ def test_without_a_re_measurement_speedups_are_compared_across_two_runs():
     r = compare(report(entry(100, 200, label="none", method="none"), base=(100, 200)), old, tolerance=0.05)
     assert not r.ok and r.reasons[0].startswith(
         "output_tok_s: the new pick's speedup over its baseline is 44.4% below the deployed config's in the old run "
-        "(1.80x -> 1.00x, ratio 0.556 [0.53-0.58])")
+        "(1.80x -> 1.00x, ratio 0.556 [0.54-0.57])")  # the two runs' intervals combined in quadrature
 
 
 def test_incorrect_or_missing_pick_fails_and_a_failed_deployed_config_falls_back():
@@ -186,7 +186,8 @@ def test_across_two_runs_served_speedups_replace_the_in_process_claims():
     new["best"]["served"] = {"speedup": 1.48, "speedup_lo": 1.46, "speedup_hi": 1.50}
     r = compare(new, old, tolerance=0.05)
     assert r.ok and r.basis == TWO_RUNS and r.objectives[0].ratio == pytest.approx(1.48 / 1.50)
-    assert (r.objectives[0].lo, r.objectives[0].hi) == (pytest.approx(1.46 / 1.52), pytest.approx(1.50 / 1.48))
+    lo, hi = r.objectives[0].lo, r.objectives[0].hi  # in quadrature: narrower than the widest quotient
+    assert 1.46 / 1.52 < lo < 1.48 / 1.50 < hi < 1.50 / 1.48
     # Wider served intervals, same points: the ratio's interval straddles 0.95, so the gate cannot tell.
     new["best"]["served"] = {"speedup": 1.48, "speedup_lo": 1.40, "speedup_hi": 1.56}
     r = compare(new, old, tolerance=0.05)
@@ -287,3 +288,36 @@ def test_two_runs_with_disjoint_objectives_compared_nothing_and_say_so(tmp_path)
     new["objectives"] = old["objectives"] = ["goodput"]
     with pytest.raises(BadInput, match="compared nothing"):
         compare(new, old, tolerance=0.05)
+
+
+def test_a_run_checked_against_itself_passes(tmp_path):
+    """Issue 49: `autotune check results/demo --against results/demo` printed CANNOT TELL 1.000 [0.31-3.25],
+    exit 4: the two-run path added both intervals whole. The same run is the same evidence."""
+    rep = report(entry(180, 110), base=(100, 200))
+    rep.update(study="demo", created="2026-12-05T10:00:00+00:00", storage="sqlite:///x")
+    r = compare(rep, json.loads(json.dumps(rep)), tolerance=0.05)
+    assert r.ok and r.status == OK and r.objectives[0].ratio == 1.0 and "the same run" in r.objectives[0].unit
+
+
+def test_the_same_run_gate_decides_on_paired_holdout_rounds():
+    """With a warm start, the pick and the deployed config ran in the same holdout rounds (best.json's
+    ``gate``): the gate decides on those pairs at its own tolerance, and where it cannot, says about how
+    many pairs would."""
+    new = report(entry(150, 110))
+    new["deployed"] = entry(150, 110, label="ngram k=2")
+    new["deployed"]["trial"] = 7
+    g = {"deployed_trial": 7, "deployed_label": "ngram k=2", "tolerance": 0.05,
+         "objectives": {"output_tok_s": {"direction": "maximize", "ratio": 0.99, "lo": 0.96, "hi": 1.02, "pairs": 6,
+                                         "decision": "ok", "pairs_needed": None}}}
+    new["gate"] = g
+    new["objectives"] = ["output_tok_s"]
+    old = report(entry(180, 110))
+    r = compare(new, old, tolerance=0.05)
+    assert r.ok and r.basis == SAME_RUN and r.objectives[0].unit == "paired holdout rounds"
+    assert r.objectives[0].pairs == 6
+    g["objectives"]["output_tok_s"].update(ratio=0.98, lo=0.90, hi=1.07, decision="cannot tell", pairs_needed=14)
+    r = compare(new, old, tolerance=0.05)
+    assert r.status == UNDECIDED and "about 14 paired holdout rounds would decide (this run measured 6" \
+        in r.undecided[0], r.undecided
+    g["objectives"]["output_tok_s"].update(ratio=0.88, lo=0.84, hi=0.92)
+    assert compare(new, old, tolerance=0.05).status == REGRESSION

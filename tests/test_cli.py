@@ -167,7 +167,7 @@ def test_piped_output_keeps_each_record_on_one_line(tmp_path, monkeypatch, fake_
     ngram = ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
              '"dtype": "bfloat16", "enforce_eager": true}')
     r = _fake_search(tmp_path, monkeypatch, "search", "examples/smoke.jsonl", "--space", str(space),
-                     "--trials", "2", "--try", ngram, "--no-remeasure")
+                     "--trials", "2", "--try", ngram, "--pairs", "2")
     assert r.exit_code == 0, r.output
     label = "ngram k=3 lookup=2..4 bfloat16 eager"
     lines = r.stdout.splitlines()
@@ -177,7 +177,7 @@ def test_piped_output_keeps_each_record_on_one_line(tmp_path, monkeypatch, fake_
     row = [ln for ln in lines if f"{label} *best*" in ln]  # the Pareto table's row, config whole
     assert len(row) == 1 and "ok" in row[0] and "x [" in row[0]
     assert any("e2e p50 ms" in ln and "tpot p50 ms" in ln for ln in lines)  # headers not broken either
-    best = [ln for ln in lines if ln.startswith("best: trial 1 ")]
+    best = [ln for ln in lines if ln.startswith("best: trial ")]
     # The whole verdict on the line: a lossy (bfloat16) config's names its log-prob drift (the fake engine scores).
     assert len(best) == 1 and label in best[0] and "; verdict ok, log-prob drift 0 nats/token" in best[0]
 
@@ -192,4 +192,5 @@ def test_a_config_queued_past_the_budget_is_said_to_be_left_out(tmp_path, monkey
             "measures it)") in r.stdout.splitlines()
     report = json.loads((tmp_path / "smoke" / "best.json").read_text())
     assert report["trials"]["left_out"] == ["ngram k=3"]
-    assert report["remeasured"], "the fresh-engine re-measurement did not run"
+    assert report["figure"]["status"] == "measured", "the holdout did not run"
+    assert report["figure"]["pairs"] == 4 and report["figure"]["source"] == "holdout"

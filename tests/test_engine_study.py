@@ -19,10 +19,8 @@ from autotune import demo
 from autotune.run import hardware
 from autotune.cli.app import app
 from autotune.core.study_report import load_report
-from autotune.measure.intervals import UNIT_PAIRS, UNIT_WINDOWS
-from autotune.measure.metrics import instances_of
-from autotune.measure.resolution import FIGURE_PAIRS
-from autotune.study.remeasure import MAX_REMEASURES
+from autotune.measure.intervals import UNIT_HOLDOUT, UNIT_PAIRS, UNIT_WINDOWS, paired_t
+from autotune.measure.metrics import round_pairs
 
 pytestmark = pytest.mark.engine
 
@@ -56,40 +54,36 @@ def test_every_trial_and_its_server_were_forked_by_the_launcher(study_dir):
     results = sorted((study_dir / "trials").glob("*/result.json"))
     ran = [json.loads(r.read_text()) for r in results]
     ran = [r for r in ran if "error" not in r]  # the fp8 candidate vLLM refuses
-    assert len(ran) >= 5, results  # baseline, ngram, draft_model and the re-measures
+    assert len(ran) >= 5, results  # baseline, ngram, draft_model and the holdout
     assert all(r["started"] == {"worker": "forked", "server": "forked"} for r in ran), [r["started"] for r in ran]
     logs = " ".join(p.read_text() for p in (study_dir / "trials").glob("*/worker.log"))
     assert "without the launcher" not in logs
 
 
-def test_the_pick_and_the_baseline_are_measured_again_on_fresh_engines(study_dir):
-    """Between-instance spread in the study: after the budget, the pick and the baseline run in 3
-    rounds of fresh engines (the pick's figure rests on them, the selecting trial left out), and
-    the pick's record pools every engine's windows."""
+def test_the_pick_and_the_baseline_are_held_out_on_fresh_engines(study_dir):
+    """Select, then estimate (issue 49): once the choice is final, the pick and the baseline run in
+    --pairs (4) holdout rounds of fresh engines side by side in ABBA order, never pooled, and the pick's
+    figure is the t-interval over those pairs alone, by round; the selection rounds (if any: a runner-up
+    within the selection band) came before and pooled into the records."""
     frame = pd.read_csv(study_dir / "trials.csv").set_index("trial")
     report = load_report(study_dir)
-    again = frame[frame["role"] == "re-measure"]
-    # The baseline and the pick; a pick that changes on the pooled numbers is measured again too, and
-    # one that began its rounds finishes the 3 its figure needs (autotune.study.remeasure's caps, --pairs 3).
-    cap = 2 * (3 + FIGURE_PAIRS) + MAX_REMEASURES
-    assert 6 <= len(again) <= cap and {0, report["remeasured"]["trial"]} <= set(again["remeasure_of"])
-    assert (again["state"] == "COMPLETE").all() and again["correct"].all()
-    first = frame.loc[report["remeasured"]["trial"]]
-    last = first  # each round's record supersedes the one before it: the chain ends at the pick's record
-    while not pd.isna(last["superseded_by"]):
-        last = frame.loc[int(last["superseded_by"])]
-    assert last.name == report["best"]["trial"] == report["remeasured"]["by"] != first.name
-    m = report["best"]["measurement"]
-    assert m["instances"] >= 4 and m["windows"] == again.loc[report["best"]["trial"], "windows"] > first["windows"]
-    assert report["baseline"]["measurement"]["instances"] >= 4 and report["baseline"]["trial"] in again.index
-    # The pick's claim rests on the three pairs of instances measured side by side (the resolution's),
-    # not the trial that selected it, and best.json says what one engine alone and every window pooled gave.
-    s, res = report["best"]["speedup"], report["resolution"]
-    assert s["output_tok_s_pairs"] == res["pairs"] == 3 and s["output_tok_s_unit"] == "paired instances"
-    assert [s["output_tok_s"], s["output_tok_s_lo"], s["output_tok_s_hi"]] == pytest.approx(
-        [res["speedup"], res["lo"], res["hi"]])
-    assert len(report["remeasured"]["interval_one_engine"]) == 2 and report["remeasured"]["widening"] > 0
-    assert len(report["remeasured"]["interval_fresh_engines"]) == 2 and s["output_tok_s_pooled"] > 1
+    held = frame[frame["role"] == "holdout"]
+    pick = report["selection"]["trial"]
+    assert len(held) == 8 and set(held["holdout_of"]) == {0, pick}, held[["label", "round", "holdout_of"]]
+    assert (held["state"] == "COMPLETE").all() and held["correct"].all()
+    assert held.index.min() > max(frame[frame["role"] == "re-measure"].index, default=-1)  # after the choice
+    sides = ["base" if x == 0 else "pick" for x in held["holdout_of"]]
+    assert sides == ["base", "pick", "pick", "base"] * 2  # the one ABBA order
+    by = {(r, h): tok for r, h, tok in zip(held["round"], held["holdout_of"], held["output_tok_s"])}
+    rounds = sorted({r for r, _ in by}, key=lambda r: int(r.rsplit(".", 1)[1]))
+    expect = paired_t([by[(r, pick)] for r in rounds], [by[(r, 0)] for r in rounds])
+    f = report["figure"]
+    assert f["status"] == "measured" and f["source"] == "holdout" and f["pairs"] == 4 and f["unit"] == UNIT_HOLDOUT
+    assert f["speedup"] == pytest.approx(expect[0]) and f["lo"] <= f["speedup"] <= f["hi"]
+    assert f["lo"] <= expect[1] + 1e-9 and expect[2] - 1e-9 <= f["hi"]  # never narrower than the holdout's own t
+    assert report["resolution"]["pairs"] == 4 and report["resolution"]["unit"] == UNIT_HOLDOUT
+    # the pick's own record was never pooled with its holdout: its measured ratio is the claim, named so
+    assert report["best"]["measurement"].get("instances", 1) == 1 + report["selection"]["rounds"]
 
 
 def test_second_load_level_and_noisy_candidates_remeasured(study_dir):
@@ -121,8 +115,7 @@ def test_second_load_level_and_noisy_candidates_remeasured(study_dir):
             # than the window ratios can be (t with 1-2 degrees of freedom), around the pairs' figure,
             # which lies between the extreme pair ratios.
             assert s["output_tok_s_unit"] == UNIT_PAIRS and s["output_tok_s_pairs"] >= 2
-            ci, bi = instances_of(m), instances_of(report["baseline"]["measurement"])
-            ratios = [np.median(c) / np.median(b) for c, b in zip(reversed(ci[1:]), reversed(bi[1:]))]
+            ratios = [np.median(c) / np.median(b) for _, c, b in round_pairs(m, report["baseline"]["measurement"])]
             assert min(ratios) - 1e-9 <= s["output_tok_s"] <= max(ratios) + 1e-9
             assert s["output_tok_s_lo"] <= s["output_tok_s"] <= s["output_tok_s_hi"]
 

@@ -107,11 +107,11 @@ def test_a_step_past_the_edge_runs_in_a_study_and_is_remeasured_as_itself(tmp_pa
     space = load_space("tests/data/fake_depths.yaml", platform="cpu", models=set())
     cfg = StudyConfig(name="edge", results_dir=tmp_path / "edge", settings=Settings(model="fake-model"),
                       objectives=("output_tok_s",), n_trials=3, trial_timeout_s=20, engine_module="fake_engine",
-                      strategy="predict", past_edge=True, remeasure=True, pairs=1)
+                      strategy="predict", past_edge=True, remeasure=True, pairs=2)
     study = run_study(cfg, load_workload("examples/smoke.jsonl"), space)
     assert calls and all(calls)  # the study's flag reaches the strategy
     past = [t for t in study.trials if t.user_attrs.get("past_edge")]
-    assert [t.user_attrs["candidate"]["num_speculative_tokens"] for t in past] == [5, 5]  # trial and re-measure
+    assert [t.user_attrs["candidate"]["num_speculative_tokens"] for t in past] == [5, 5, 5]  # trial, holdout
     assert all(t.params["num_speculative_tokens"] == 4 for t in past)  # Optuna's view stays in the space
     assert past[0].state == TrialState.COMPLETE and past[0].user_attrs["label"].startswith("ngram k=5")
-    assert past[1].user_attrs.get("role") == "re-measure" and past[1].state == TrialState.COMPLETE
+    assert past[1].user_attrs.get("role") == "holdout" and past[1].state == TrialState.COMPLETE

@@ -236,13 +236,15 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
     assert any(c.params.get("kv_cache_dtype") == "fp8" for c in grid) == (FP8_LEFT_OUT not in space.dropped)
     assert (f"left out: {FP8_LEFT_OUT}" in " ".join(r.stdout.split())) == (FP8_LEFT_OUT in space.dropped)
     frame = pd.read_csv(tmp_path / "p" / "trials.csv")
-    cands = frame[~frame["role"].isin(["baseline", "re-measure"])]
+    cands = frame[~frame["role"].isin(["baseline", "re-measure", "holdout"])]
     # Stopped well before the grid, with budget left.
     assert 2 <= len(cands) and 3 * len(cands) < 2 * len(grid) and len(frame) < 30
     assert cands["predicted_speedup"].notna().all() and cands["planned"].notna().all()
-    # Then the pick and the baseline in 3 rounds of fresh engines (the pick's figure rests on them), pooled.
-    again = frame[frame["role"] == "re-measure"]
-    assert len(again) == 6 and 0 in set(again["remeasure_of"]) and best_trial_of(tmp_path / "p") in set(again["trial"])
+    # Then the pick and the baseline in the holdout's rounds of fresh engines (the pick's figure rests on them
+    # alone, never pooled), after any selection rounds (pooled).
+    held = frame[frame["role"] == "holdout"]
+    assert len(held) == 2 * 4 and set(held["holdout_of"]) == {0, best["selection"]["trial"]}
+    again = frame[frame["role"].isin(["re-measure", "holdout"])]
     assert all("predicted " in ln and ", measured " in ln for ln in r.stdout.splitlines()
                if ln.startswith("trial ") and not ln.startswith("trial   0"))
     assert best["strategy"]["name"] == "predict" and "by more than the noise" in best["strategy"]["stopped"]
@@ -256,7 +258,7 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
     assert len(rows) == len(grid) and scored == sorted(scored, reverse=True)  # the study's space, every point
     assert sorted(x["label"] for x in rows) == sorted(c.label for c in grid)
     # Re-measures are the same configs; a step past the space's edge (--past-edge) is no point of it.
-    past = frame[~frame["label"].isin([c.label for c in grid]) & (frame["role"] != "re-measure")]
+    past = frame[~frame["label"].isin([c.label for c in grid]) & ~frame["role"].isin(["re-measure", "holdout"])]
     assert all(str(p).startswith("past the space's edge") for p in past["planned"])
     assert sum(x["measured"] is not None for x in rows) == len(frame) - len(again) - len(past)
     r = runner.invoke(app, ["predict", str(tmp_path / "p"), "--top", "5"])

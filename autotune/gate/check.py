@@ -264,8 +264,9 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
                 continue
             if same := _same_evidence(new, old):
                 c = ObjectiveChange(name, dirn, 1.0, 1.0, 1.0, 1.0, 1.0, OK, unit=same)
-            elif basis == SAME_RUN and new.get("gate") and not _same_config(nb, dep):
-                c = _paired(name, dirn, new["gate"], tolerance)
+            elif basis == SAME_RUN and not _same_config(nb, dep) and \
+                    (c := _paired(name, dirn, new.get("gate") or {}, tolerance)) is not None:
+                pass  # the holdout's pairs (a study with --no-remeasure has none: the windows below)
             elif basis == TWO_RUNS and name == "output_tok_s" and served is not None and served.ratio is not None:
                 # Both picks were served (autotune confirm): their served speedups, not the in-process claims.
                 c = ObjectiveChange(name, dirn, served.old, served.new, served.ratio, served.ratio_lo,

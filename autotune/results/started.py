@@ -18,9 +18,12 @@ if TYPE_CHECKING:
 
 
 def _instances(view: StudyView, trial: Any) -> list[str]:
-    """``started`` of every engine instance a trial's current record pools (its first engine, then each
-    re-measurement round, which pools the round before it)."""
-    return [str(attrs.measurement(t).get("started") or "unknown") for t in view.record_chain(trial)
+    """``started`` of every engine instance of a trial's config: those its current record pools (its first
+    engine, then each selection round, which pools the round before it), then its holdout instances."""
+    chain = view.record_chain(trial)
+    first = chain[0].number
+    held = [t for t in view.completed if attrs.role(t) == attrs.HOLDOUT and t.user_attrs.get(attrs.HOLDOUT_OF) == first]
+    return [str(attrs.measurement(t).get("started") or "unknown") for t in chain + held
             if attrs.MEASUREMENT in t.user_attrs]
 
 

@@ -2,10 +2,11 @@
 
 At GPU scale one engine start (weights, torch.compile, graph capture) takes minutes, so a study is
 bounded by time as well as by ``--trials``. The rule: a new candidate starts only while the time
-left holds one more trial and the re-measurement round of the pick (two fresh engines: the pick
-and the baseline), each costed at the median wall time of the trials measured so far; the first
-round of re-measurement always runs, so the study ends with a re-measured pick, and later rounds
-(``--pairs``) run only while they fit. What was left out is said in one line.
+left holds one more trial and the first two holdout rounds of the pick (four fresh engines: the pick
+and the baseline twice, the fewest pairs an interval rests on), each costed at the median wall time
+of the trials measured so far; those always run, so the study ends with a figure, and later work
+(selection rounds, more holdout rounds up to ``--pairs``) runs only while it fits. What was left out
+is said in one line; a holdout cut short leaves the pick with no interval, and best.json says why.
 
 A trial timeout the user did not give is sized from the baseline's own start and replay: at least
 the fixed default, and ``TIMEOUT_FACTOR`` times the baseline's wall time (a candidate may start a
@@ -26,6 +27,7 @@ from autotune.study.view import StudyView
 
 TIMEOUT_FACTOR = 3.0
 REMEASURE_ENGINES = 2  # one round: the pick and the baseline, each on a fresh engine
+KEPT_ROUNDS = 2  # holdout rounds whose time is kept: the fewest pairs a t-interval rests on
 
 
 @dataclass
@@ -55,6 +57,10 @@ def _remeasured(view: StudyView) -> bool:
     return any(attrs.role(t) in (attrs.REMEASURE, attrs.HOLDOUT) for t in view.trials)
 
 
+def _holdout_rounds(view: StudyView) -> int:
+    return len({attrs.round_of(t) for t in view.trials if attrs.role(t) == attrs.HOLDOUT})
+
+
 def out_of_time(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
     """No time for another candidate and the pick's re-measurement after it (see the module docstring)."""
     if clock.budget_s is None:
@@ -62,14 +68,16 @@ def out_of_time(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
     wall = _typical_wall(view, clock)
     if wall is None:  # nothing measured yet: the baseline always runs
         return False
-    later = REMEASURE_ENGINES if cfg.remeasure and not _remeasured(view) else 0
+    later = REMEASURE_ENGINES * KEPT_ROUNDS if cfg.remeasure and not _remeasured(view) else 0
     return clock.elapsed() + wall * (1 + later) > clock.budget_s
 
 
 def extra_allowed(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
-    """Whether work on top of the trials (a schedule's, re-measurement) may be queued now: the first
-    re-measurement round always (its time was kept), later ones while a round still fits."""
+    """Whether work on top of the trials (a schedule's, selection and holdout rounds) may be queued now:
+    the first KEPT_ROUNDS holdout rounds always (their time was kept), other work while a round fits."""
     if clock.budget_s is None or not _remeasured(view):
+        return True
+    if 0 < _holdout_rounds(view) < KEPT_ROUNDS:
         return True
     if any(attrs.role(t) in attrs.OUTSIDE_BUDGET for t in view.waiting):
         return True  # a round already queued is finished

@@ -118,6 +118,8 @@ def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
     summary = _record(study, view, trial, cand, outcome, job, cfg, reference)
     if attrs.REMEASURE_OF in trial.user_attrs:
         summary = f"fresh engine, pooled with trial {trial.user_attrs[attrs.REMEASURE_OF]}: {summary}"
+    elif attrs.role(trial) == attrs.HOLDOUT:  # never pooled: the figure's pairs, after the choice
+        summary = f"holdout round {trial.user_attrs.get(attrs.ROUND)}, not pooled: {summary}"
     if forecast is not None:  # read after the tell: the trial as told, the baseline's record as it is now
         summary += "; " + _against(StudyView.of(study), trial.number, forecast)
     progress.trial_finished(n, cand.label, summary)
@@ -185,7 +187,9 @@ def _record(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
         return f"failed: {outcome.failure}{cause}"
     of = trial.user_attrs.get(attrs.REMEASURE_OF)
     base = view.baseline
-    second = reference is not None and of is not None and base is not None and of == base.number
+    # the baseline on a fresh engine (a selection or holdout round): its flips are the study's numerics floor
+    again = of if of is not None else trial.user_attrs.get(attrs.HOLDOUT_OF)
+    second = reference is not None and again is not None and base is not None and again == base.number
     ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference, second_baseline=second)
     if second:  # the baseline's floor: it widens every later verdict's near-tie threshold
         # ``view`` holds every earlier floor: a round is queued only when the one before it has ended

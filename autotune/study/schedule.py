@@ -224,11 +224,19 @@ def _noise(models: Mapping[str, Any]) -> float:
 
 
 def instance_spread(view: StudyView) -> float:
-    """The most one config's throughput moved between two engine instances in this study (its
-    re-measurements on fresh engines; autotune.measure.metrics.pool), 0 where none was re-measured. The
+    """The most one config's throughput moved between two engine instances in this study (its selection
+    rounds' pooled records, autotune.measure.metrics.pool, and its holdout instances against its first
+    engine), 0 where none was measured again. The
     schedule and the fixed depths it is judged against each ran on one engine, so their ratio
     carries that spread whatever the windows inside one engine say."""
-    return max((float(attrs.measurement(t).get("instance_spread") or 0.0) for t in view.completed), default=0.0)
+    pooled = [float(attrs.measurement(t).get("instance_spread") or 0.0) for t in view.completed]
+    held = []  # holdout instances (autotune.study.holdout) are never pooled: each against its config's first engine
+    for t in view.completed:
+        first = view.by_number.get(t.user_attrs.get(attrs.HOLDOUT_OF)) if attrs.role(t) == attrs.HOLDOUT else None
+        a, b = attrs.measurement(t).get("output_tok_s"), attrs.measurement(first).get("output_tok_s") if first else None
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0:
+            held.append(abs(a / b - 1.0))
+    return max(pooled + held, default=0.0)
 
 
 def next_step(study: Any, view: StudyView, space: Any, max_model_len: int | None) -> dict[str, Any] | None:
