@@ -97,8 +97,11 @@ def search(
     objectives: Annotated[str, typer.Option(help="Comma-separated objectives, primary first; METRIC@LEVEL scores "
                                                  "a metric at another load level, measured on the same engine "
                                                  "(e.g. output_tok_s@1,output_tok_s@16).")] = "output_tok_s,e2e_ms_p50",
-    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (closed loop); "
-                                                       "shorthand for --load concurrency=N.")] = 1,
+    concurrency: Annotated[Optional[int], typer.Option(min=1, help="Requests in flight (closed loop); "
+                                                       "shorthand for --load concurrency=N. Default (no --load, "
+                                                       "--levels or --concurrency): replay the workload's "
+                                                       "arrival_s where every request has one, else 1, said "
+                                                       "in one line.")] = None,
     load: Annotated[Optional[str], typer.Option(help="Load pattern: concurrency=N, batch, poisson=RATE (req/s), "
                                                      "replay (the workload's arrival_s) or ramp=N (in flight "
                                                      "rising from 1 to N and back).")] = None,
