@@ -15,7 +15,7 @@ from autotune.core.workload import UNCATEGORIZED, Request, Workload
 def _text(r: Request) -> str:
     if r.prompt is not None:
         return r.prompt
-    return "\n".join(m["content"] for m in r.messages) if r.messages is not None else "\n".join(r.turns or ())
+    return "\n".join(m["content"] or "" for m in r.messages) if r.messages is not None else "\n".join(r.turns or ())
 
 
 def _dist(values: list[float]) -> dict[str, float]:
