@@ -14,6 +14,12 @@ starts the client beside a starting server so that the client's imports (10-16 s
 the server's start instead of following it. Nothing the client measures changes: its first request
 still goes to a server that is up. With ``AUTOTUNE_WARMUP`` (JSON), it then sends confirm's warm-up
 requests, none of them a measured one (autotune.serve.warmup), before the bench runs.
+
+`bench serve --dataset-name custom` here also reads two more columns of a row, ``chat_messages`` and
+``request_overrides``, into vLLM's own per-request fields of the same names (``SampleRequest``:
+the chat backend sends the messages as they are, and the overrides are merged into that request's
+body over ``--extra-body``), which vLLM fills only for its BFCL dataset: so each request keeps its
+``n``, structured outputs and tools (autotune.serve.bench_client). Rows without them are sent as before.
 """
 
 from __future__ import annotations
@@ -73,6 +79,31 @@ def bench_parser() -> tuple[Any, Any]:
     return parser, cmd
 
 
+def carry_row_fields() -> None:
+    """Make ``--dataset-name custom`` carry each row's ``chat_messages`` and ``request_overrides`` (see
+    the module docstring). The rows are sampled in file order once loaded (shuffled or not), so the
+    i-th request is the i-th row."""
+    from vllm.benchmarks.datasets import datasets
+
+    custom = datasets.CustomDataset
+    if getattr(custom.sample, "carries_rows", False):
+        return
+    plain = custom.sample
+
+    def sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = plain(self, *args, **kwargs)
+        for req, row in zip(out, self.data):
+            messages, over = row.get("chat_messages"), row.get("request_overrides")
+            if isinstance(messages, list) and messages:  # pandas gives a missing cell as NaN
+                req.chat_messages = messages
+            if isinstance(over, dict) and over:
+                req.request_overrides = over
+        return out
+
+    sample.carries_rows = True  # type: ignore[attr-defined]
+    custom.sample = sample
+
+
 def _use_cpu_platform_if_unspecified() -> None:
     # As `vllm bench` does in vllm.entrypoints.cli.main: a client on a machine vLLM cannot place
     # would otherwise fail to infer a device type.
@@ -105,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = [sys.argv[0], *argv]  # vLLM reads sys.argv to decide to build the bench parsers
         _use_cpu_platform_if_unspecified()
         parser, cmd = bench_parser()
+        carry_row_fields()
     else:
         parser, cmd = serve_parser()
     args = parser.parse_args(argv)

@@ -32,7 +32,7 @@ def test_a_chat_body_log_keeps_n_response_format_and_tools():
     assert detect(json.loads(open(CHAT).readline())) == "openai"
     order, cancel, hello = wl.requests
     assert [r.id for r in wl.requests] == ["0", "1", "2"]
-    assert order.n == 2 and order.max_tokens == 64 and order.greedy
+    assert order.n == 2 and order.max_tokens == 64 and order.temperature == 0.8 and order.seed == 5
     assert order.response_format["json_schema"]["schema"] == SCHEMA
     assert order.sampling()["n"] == 2 and order.sampling()["structured_outputs"] == {"json": SCHEMA}
     assert order.needs_chat == "response_format on a chat request"
@@ -106,6 +106,7 @@ def test_a_guided_field_is_mapped_to_structured_outputs(tmp_path, field, structu
     ('{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',
      ":1: 'messages[0].content' must be a string or a list of text parts (other parts, such as images"),
     ('{"model": "m", "n": 0, "prompt": "a"}', ":1: 'n' must be in [1, 128], got 0"),
+    ('{"model": "m", "n": 2, "prompt": "a", "temperature": 0}', ":1: 'n' is 2 with temperature 0 (greedy): vLLM refuses"),
     # one endpoint a workload: a chat request with tools beside a completions prompt
     ('{"model": "m", "prompt": "a"}\n{"model": "m", "messages": [{"role": "user", "content": "b"}], '
      '"tools": [{"type": "function", "function": {"name": "f"}}]}',

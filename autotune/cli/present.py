@@ -193,6 +193,10 @@ def inspect_table(info: dict[str, Any]) -> Table:
     t.add_row("sampling", f"{info['greedy']} greedy, {info['sampled']} sampled ({info['seeded']} seeded)")
     t.add_row("chat requests", f"{info['chat_requests']} ({info['multi_turn_requests']} multi-turn)")
     t.add_row("with expectations", str(info["with_expectations"]))
+    if info.get("structured_outputs") or info.get("n_over_1") or info.get("with_tools"):
+        t.add_row("replayed as logged", f"{info['structured_outputs']} with structured outputs, {info['n_over_1']} "
+                  f"with n > 1, {info['with_tools']} with tools; sent to "
+                  + ("/v1/chat/completions" if info.get("endpoint") == "chat" else "/v1/completions"))
     a = info["arrivals"]
     t.add_row("arrivals", "none (replayed closed-loop)" if a is None else
               f"{a['timed']} timed over {a['span_s']:.1f} s")

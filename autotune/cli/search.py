@@ -160,6 +160,11 @@ def prepare(o: SearchOptions) -> Prepared:
     from autotune.core.target_space import fit_to_target
 
     settings, sp, flags, flag_notes = apply_serving_flags(o, settings, sp)
+    from autotune.core.structured import tool_refusal
+
+    refused = tool_refusal(wl.requests, flags.values, o.instrument)
+    if refused:
+        raise BadInput(refused)
     sp, target_notes = fit_to_target(sp, settings.model, tensor_parallel=flags.tensor_parallel_size)
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
                        trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
@@ -182,7 +187,7 @@ def prepare(o: SearchOptions) -> Prepared:
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),
                       engine_module=ENGINE)
-    notes = [*([escape(chosen)] if chosen else []), *flag_notes, *(f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped),
+    notes = [*([escape(chosen)] if chosen else []), *(f"workload: {escape(n)}" for n in wl.notes), *flag_notes, *(f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped),
              *(f"  [dim]{escape(n)}[/dim]" for n in target_notes)]
     envs, bound = devices.bind_ranks(devices.partition(o.workers, platform, flags.devices_per_engine), platform,
                                      flags.devices_per_engine)

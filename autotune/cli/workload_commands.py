@@ -57,10 +57,13 @@ def workload_inspect(
     info = summarize(wl, tokenizer=tok, context=context)
     info["tokenizer"] = model if tok is not None else None
     info["tokenizer_source"] = source if tok is not None else None  # "demo": not the user's model
+    info["notes"], info["endpoint"] = list(wl.notes), wl.endpoint
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return
     console.print(inspect_table(info))
+    for note in wl.notes:  # what the replay leaves out of the log, or takes a default for
+        console.print(f"workload: {note}", highlight=False, markup=False, soft_wrap=True)
     if info["categories"]:
         console.print(categories_table(info))
 

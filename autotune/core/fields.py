@@ -109,9 +109,13 @@ def generation(where: str, obj: dict[str, Any]) -> dict[str, Any]:
     if rf is not None and obj.get("turns") is not None:
         raise BadInput(f"{where}: 'response_format' on 'turns' cannot be replayed: give each turn as its own "
                        "'messages' request, or use 'structured_outputs'")
+    n = num(where, "n", obj.get("n", 1), lo=1, hi=MAX_N, integer=True)
+    if n > 1 and obj.get("temperature", 0.0) == 0:
+        raise BadInput(f"{where}: 'n' is {n} with temperature 0 (greedy): vLLM refuses it (n must be 1 when using "
+                       "greedy sampling), and a service that ran it sampled: give its temperature")
     extra = {k: num(where, k, obj[k], lo=lo, hi=hi, integer=k == "min_tokens")
              for k, (lo, hi) in SAMPLING_EXTRA.items() if obj.get(k) is not None}
-    return {"n": num(where, "n", obj.get("n", 1), lo=1, hi=MAX_N, integer=True), "structured_outputs": so,
+    return {"n": n, "structured_outputs": so,
             "response_format": rf, "tools": tools, "tool_choice": choice, "chat_template_kwargs": kwargs,
             "sampling_extra": extra}
 

@@ -76,6 +76,8 @@ def summarize(wl: Workload, *, tokenizer: Any = None, context: int | None = None
         "greedy": sum(r.greedy for r in reqs), "sampled": sum(not r.greedy for r in reqs),
         "seeded": sum(r.seed is not None for r in reqs),
         "with_expectations": sum(bool(r.expect) for r in reqs),
+        "structured_outputs": sum(r.structured() is not None for r in reqs),
+        "n_over_1": sum(r.n > 1 for r in reqs), "with_tools": sum(bool(r.tools) for r in reqs),
         "arrivals": None,
         "prompt_repetition": _dist(rep),
         "edit_like_requests": edit_like,

@@ -140,3 +140,25 @@ def check_tools(where: str, tools: Any, tool_choice: Any) -> None:
                        f"\"function\": {{\"name\": ...}}}}, got {tool_choice!r:.60}")
     if tool_choice != "none" and not tools:
         raise BadInput(f"{where}: 'tool_choice' {tool_choice!r:.40} needs 'tools'")
+
+
+def tool_refusal(requests: Any, serving: dict[str, Any], instrument: str) -> str | None:
+    """Why the requests' tools cannot be replayed as the service runs them, or None. vLLM's chat server
+    answers a tool_choice other than none only with a tool parser (``auto``: also
+    --enable-auto-tool-choice; ``renderers/online_renderer.py``), and applies required and named
+    choices itself, as a constraint an in-process engine has no server to add."""
+    for r in requests:
+        choice = r.tool_choice if r.tool_choice is not None else ("auto" if r.tools else "none")
+        if choice == "none":
+            continue
+        shown = choice if isinstance(choice, str) else f"function {choice['function']['name']}"
+        if instrument == "inprocess" and choice != "auto":
+            return (f"request {r.id!r}: tool_choice {shown!r} is applied by vLLM's chat server: measure with "
+                    "--instrument served (the default)")
+        missing = [f for f, key in (("--enable-auto-tool-choice", "enable_auto_tool_choice"),
+                                    ("--tool-call-parser NAME", "tool_call_parser"))
+                   if not serving.get(key) and (key == "tool_call_parser" or choice == "auto")]
+        if missing and instrument == "served":
+            return (f"request {r.id!r}: tool_choice {shown!r} needs vLLM's tool parser, as your service runs it: "
+                    f"give {' '.join(missing)} after `--`")
+    return None
