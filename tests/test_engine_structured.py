@@ -101,3 +101,12 @@ def test_a_json_schema_chat_log_replays_through_the_chat_endpoint(tmp_path, monk
     out, _ = _study(tmp_path, monkeypatch, _log(tmp_path, chat=True))  # served, the default instrument
     log = (out / "trials" / "0001" / "server.log").read_text(errors="replace")
     assert "/v1/chat/completions" in log and "/v1/completions HTTP" not in log
+    # confirm's vllm bench serve: the same endpoint, each row with its messages and response format
+    r = CliRunner().invoke(app, ["confirm", str(out), "--rounds", "1"])
+    print(r.output)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "confirm" / "workload.jsonl").read_text().splitlines()]
+    assert all(x["request_overrides"]["response_format"] == FORMAT for x in rows) and rows[1]["request_overrides"]["n"] == 2
+    for side in ("baseline", "pick"):  # every measured request there (confirm's warm-up goes to /v1/completions)
+        served = (out / "confirm" / f"round-1-{side}.log").read_text(errors="replace")
+        assert served.count('"POST /v1/chat/completions HTTP/1.1" 200') == 3, side

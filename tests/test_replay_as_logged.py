@@ -31,9 +31,13 @@ def test_confirm_sends_a_chat_log_to_the_chat_endpoint_with_each_requests_fields
     assert f[f.index("--backend") + 1] == "openai-chat" and f[f.index("--endpoint") + 1] == "/v1/chat/completions"
     order, cancel, hello = plan.rows
     assert order["chat_messages"] == [dict(m) for m in wl.requests[0].messages]
-    assert order["request_overrides"] == {"n": 2, "response_format": wl.requests[0].response_format}
-    assert cancel["request_overrides"] == {"tools": wl.requests[1].tools, "tool_choice": "auto"}
-    assert hello["request_overrides"] == {"presence_penalty": 0.5, "chat_template_kwargs": {"enable_thinking": False}}
+    # the flags send the first request's sampling for all; the others carry their own, and every seed
+    assert f[f.index("--temperature") + 1] == "0.8"
+    assert order["request_overrides"] == {"seed": 5, "n": 2, "response_format": wl.requests[0].response_format}
+    assert cancel["request_overrides"] == {"temperature": 1.0, "top_p": 0.9, "top_k": 0, "seed": 7,
+                                           "tools": wl.requests[1].tools, "tool_choice": "auto"}
+    assert hello["request_overrides"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "presence_penalty": 0.5,
+                                          "chat_template_kwargs": {"enable_thinking": False}}
     assert order["prompt"] == _render(wl.requests[0].messages)  # the text counts its tokens only
 
 
@@ -41,8 +45,9 @@ def test_confirm_sends_a_completions_log_with_each_requests_n_and_structured_out
     plan = bench_client.client_plan(list(load_workload(COMPLETIONS).requests), load=None, render=None)
     assert plan.flags[plan.flags.index("--endpoint") + 1] == "/v1/completions"
     assert [r["request_overrides"] for r in plan.rows] == [
-        {"n": 3, "structured_outputs": {"json_object": True}},
-        {"structured_outputs": {"regex": "[A-Z][a-z ]+\\."}}]
+        {"seed": 5, "n": 3, "structured_outputs": {"json_object": True}},
+        {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "stop": [], "seed": 11,
+         "structured_outputs": {"regex": "[A-Z][a-z ]+\\."}}]
     assert "chat_messages" not in plan.rows[0]
 
 
