@@ -171,7 +171,8 @@ def prepare(o: SearchOptions) -> Prepared:
     if platform == "cpu" and o.gpu_memory_utilization is None:  # KV for what the study holds, not 0.3 of RAM
         kv = kv_cache_bytes([m for m in (settings.model, settings.draft_model, settings.eagle_head,
                                          settings.eagle3_head) if m], fitted.context or 0,
-                            most_in_flight([load, *extra_loads], len(fitted.workload.requests), o.samples))
+                            most_in_flight([load, *extra_loads], len(fitted.workload.requests), o.samples)
+                            * max(r.n for r in fitted.workload.requests))  # n completions: n sequences each
         if kv is not None:
             settings = replace(settings, gpu_memory_utilization=None, kv_cache_memory_bytes=kv)
     name = o.study or Path(o.workload).stem
