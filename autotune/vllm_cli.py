@@ -19,6 +19,12 @@ until its measured passes add up to ``min_s`` seconds (at most ``max`` passes), 
 ``<result>.passN.json``, emptying the server's prefix cache and, with ``drafter``, a stateful proposer's
 cache between passes (the server's dev endpoints, ``VLLM_SERVER_DEV_MODE=1``): every pass starts with
 nothing of the measured requests cached, so a suffix proposer never drafts what it memorised.
+
+`bench serve --dataset-name custom` here also reads two more columns of a row, ``chat_messages`` and
+``request_overrides``, into vLLM's own per-request fields of the same names (``SampleRequest``:
+the chat backend sends the messages as they are, and the overrides are merged into that request's
+body over ``--extra-body``), which vLLM fills only for its BFCL dataset: so each request keeps its
+``n``, structured outputs and tools (autotune.serve.bench_client). Rows without them are sent as before.
 """
 
 from __future__ import annotations
@@ -79,6 +85,31 @@ def bench_parser() -> tuple[Any, Any]:
     return parser, cmd
 
 
+def carry_row_fields() -> None:
+    """Make ``--dataset-name custom`` carry each row's ``chat_messages`` and ``request_overrides`` (see
+    the module docstring). The rows are sampled in file order once loaded (shuffled or not), so the
+    i-th request is the i-th row."""
+    from vllm.benchmarks.datasets import datasets
+
+    custom = datasets.CustomDataset
+    if getattr(custom.sample, "carries_rows", False):
+        return
+    plain = custom.sample
+
+    def sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = plain(self, *args, **kwargs)
+        for req, row in zip(out, self.data):
+            messages, over = row.get("chat_messages"), row.get("request_overrides")
+            if isinstance(messages, list) and messages:  # pandas gives a missing cell as NaN
+                req.chat_messages = messages
+            if isinstance(over, dict) and over:
+                req.request_overrides = over
+        return out
+
+    sample.carries_rows = True  # type: ignore[attr-defined]
+    custom.sample = sample
+
+
 def _use_cpu_platform_if_unspecified() -> None:
     # As `vllm bench` does in vllm.entrypoints.cli.main: a client on a machine vLLM cannot place
     # would otherwise fail to infer a device type.
@@ -111,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = [sys.argv[0], *argv]  # vLLM reads sys.argv to decide to build the bench parsers
         _use_cpu_platform_if_unspecified()
         parser, cmd = bench_parser()
+        carry_row_fields()
     else:
         parser, cmd = serve_parser()
     args = parser.parse_args(argv)

@@ -211,16 +211,18 @@ def test_client_plan_keeps_each_requests_max_tokens_and_renders_chat():
     assert plan.notes == []
 
 
-def test_client_plan_says_what_one_setting_for_all_requests_changes():
+def test_client_plan_sends_the_common_setting_and_each_requests_own():
     reqs = [Request(id="a", prompt="p", temperature=0.0, stop=("\n",), turns=None),
             Request(id="b", prompt="q", temperature=0.0, stop=("\n",)),
             Request(id="c", prompt="r", temperature=0.8, seed=3, ignore_eos=True)]
     plan = bench_client.client_plan(reqs, load="batch", render=None)
     assert plan.flags[plan.flags.index("--extra-body") + 1] == '{"stop": ["\\n"]}'
+    assert plan.flags[plan.flags.index("--temperature") + 1] == "0" and "--ignore-eos" not in plan.flags
     assert "--max-concurrency" not in plan.flags
-    text = " | ".join(plan.notes)
-    assert "sampling differs by request" in text and "temperature=0" in text
-    assert "ignore_eos differs" in text and "stop sequences differ" in text and "seeds" in text
+    # the request that differs carries its own (vllm bench serve merges a row's overrides over the flags)
+    assert [r.get("request_overrides") for r in plan.rows] == [
+        None, None, {"temperature": 0.8, "top_p": 1.0, "top_k": 0, "ignore_eos": True, "stop": [], "seed": 3}]
+    assert plan.notes == []
 
 
 def test_client_plan_chat_without_a_tokenizer_is_bad_input():

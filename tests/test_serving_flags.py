@@ -55,10 +55,12 @@ def _refused(r, tmp_path, *fragments: str) -> None:
     (("--seed", "3"), ("--seed", "use --seed")),
     (("--speculative-config", '{"method": "ngram"}'), ("--speculative-config", "search space")),
     (("--compilation-config", '{"cudagraph_mode": "NONE"}'), ("--compilation-config", "autotune sets this itself")),
-    (("--dtype", "float16"), ("--dtype", "duplicates autotune's own option; use --dtype")),  # duplicates
-    (("--max-model-len", "256"), ("--max-model-len", "use --max-model-len")),
-    (("--gpu-memory-utilization", "0.5"), ("--gpu-memory-utilization", "use --gpu-memory-utilization")),
-    (("--kv-cache-memory-bytes", "1G"), ("--kv-cache-memory-bytes", "use --gpu-memory-utilization")),
+    # duplicates of autotune's own options: the message says where to put it, with its value (issue 52)
+    (("--dtype", "float16"), ("--dtype", "give it before `--` as --dtype float16")),
+    (("--max-model-len", "512"), ("--max-model-len", "give it before `--` as --max-model-len 512")),
+    (("--gpu-memory-utilization", "0.5"), ("give it before `--` as --gpu-memory-utilization 0.5",)),
+    (("--trust-remote-code",), ("give it before `--` as --trust-remote-code",)),
+    (("--kv-cache-memory-bytes", "1G"), ("--kv-cache-memory-bytes", "give --gpu-memory-utilization before `--`")),
 ])
 def test_a_bad_or_colliding_flag_is_one_line_exit_2_before_any_engine(tmp_path, monkeypatch, fake_engine_env,
                                                                       flags, fragments):

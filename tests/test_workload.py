@@ -56,7 +56,7 @@ def test_bom_and_crlf_are_valid(tmp_path):
     ('{"prompt": "a", "expect": {"contains": ""}}\n', ":1: 'expect.contains' must be a non-empty string, got str ''"),
     ('{"prompt": "a", "expect": {"json": "yes"}}\n', ":1: 'expect.json' must be true or false, got str 'yes'"),
     ('{"prompt": "a"}\n{"prompt": "b", "expect": {"json": 1}}\n', ":2: 'expect.json' must be true or false, got int 1"),
-    ('{"messages": [{"role": "user"}]}\n', ":1: 'messages[0]' must be an object"),
+    ('{"messages": [{"role": "user"}]}\n', ":1: 'messages[0].content' must be a string"),
     ('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n', "request id 'x' appears more than once"),
     ('\n\n', ": no requests"),
     ('{"question_id": 1, "category": "math"}\n', ":1: 'turns' is missing"),

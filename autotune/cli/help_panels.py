@@ -42,9 +42,12 @@ SEARCH_PANELS: dict[str, str] = {
     "results": OUTPUT, "confirm": OUTPUT, "json_": OUTPUT, "study": OUTPUT, "storage": OUTPUT,
     "help_all_": HELP,
 }
-DAY_ONE = frozenset({"format", "concurrency", "levels", "model", "draft_model", "eagle3_head",
-                     "trust_remote_code", "serve_config", "config", "space", "trials", "strategy",
-                     "try_", "objectives", "slo", "max_drift", "results", "confirm", "help_all_"})
+# What a GPU user needs on the first run is here (issue 52): the model's dtype, context and memory
+# share, the load levels, the time budget; --concurrency (one level: --levels N), --try, --slo and
+# --serve-config (flags after -- do the same) are on --help-all.
+DAY_ONE = frozenset({"format", "levels", "model", "draft_model", "eagle3_head", "trust_remote_code",
+                     "max_model_len", "dtype", "gpu_memory_utilization", "config", "space", "trials", "strategy",
+                     "time_budget", "objectives", "max_drift", "results", "confirm", "help_all_"})
 
 
 class PanelledCommand(TyperCommand):

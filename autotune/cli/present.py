@@ -24,8 +24,8 @@ class RichProgress:
     ``logs``: the study's results folder, to show a failed trial's worker.log (--verbose).
     """
 
-    def __init__(self, progress: Progress, task: Any, logs: Path | None = None) -> None:
-        self.p, self.task, self.label, self.logs = progress, task, "", logs
+    def __init__(self, progress: Progress, task: Any, logs: Path | None = None, load: str | None = None) -> None:
+        self.p, self.task, self.label, self.logs, self.load = progress, task, "", logs, load
 
     def trial_started(self, number: int, label: str) -> None:
         self.label = f"trial {number}: {label}"
@@ -42,6 +42,8 @@ class RichProgress:
 
     def trial_finished(self, number: int, label: str, summary: str) -> None:
         # soft_wrap: a trial is one line, however long its failure reason (a log greps by trial).
+        if self.load and summary[:1].isdigit():  # a figure names the load it was measured at
+            summary = f"{self.load}: {summary}"
         self.p.console.print(f"trial {number:>3} {label:<40} {summary}", highlight=False, markup=False,
                              soft_wrap=True)
         if self.logs is not None and summary.startswith("failed"):
@@ -162,23 +164,38 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
               f"plots: autotune report {out}", highlight=False)
 
 
+def _num_text(x: float) -> str:
+    """A count as an integer (3010, never 3.01e+03); a share or a fraction of a count with 3 digits."""
+    if float(x).is_integer() or abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.3g}"
+
+
 def _dist_text(d: dict[str, float]) -> str:
-    return f"p50 {d['p50']:.3g}  p90 {d['p90']:.3g}  min {d['min']:.3g}  max {d['max']:.3g}"
+    return "  ".join(f"{k} {_num_text(d[k])}" for k in ("p50", "p90", "min", "max"))
 
 
 def inspect_table(info: dict[str, Any]) -> Table:
     t = Table(title=f"{info['file']}: {info['requests']} requests", show_header=False)
     if info["prompt_tokens"] is not None:
-        t.add_row("prompt tokens", _dist_text(info["prompt_tokens"]) + f"  ({info['tokenizer']})")
+        by = ("the demo model's tokenizer; give --model for yours" if info.get("tokenizer_source") == "demo"
+              else f"{info['tokenizer']}'s tokenizer")
+        t.add_row("prompt tokens", _dist_text(info["prompt_tokens"]) + f"  (counted with {escape(by)})")
     for key in ("prompt_words", "prompt_chars", "max_tokens", "prompt_repetition"):
         t.add_row(key.replace("_", " "), _dist_text(info[key]))
     t.add_row("sampling", f"{info['greedy']} greedy, {info['sampled']} sampled ({info['seeded']} seeded)")
     t.add_row("chat requests", f"{info['chat_requests']} ({info['multi_turn_requests']} multi-turn)")
     t.add_row("with expectations", str(info["with_expectations"]))
+    if info.get("structured_outputs") or info.get("n_over_1") or info.get("with_tools"):
+        t.add_row("replayed as logged", f"{info['structured_outputs']} with structured outputs, {info['n_over_1']} "
+                  f"with n > 1, {info['with_tools']} with tools; sent to "
+                  + ("/v1/chat/completions" if info.get("endpoint") == "chat" else "/v1/completions"))
     a = info["arrivals"]
     t.add_row("arrivals", "none (replayed closed-loop)" if a is None else
               f"{a['timed']} timed over {a['span_s']:.1f} s")
     t.add_row("ngram lookup", f"{info['ngram_hint']} ({info['edit_like_requests']} edit-like requests)")
+    if info.get("load"):
+        t.add_row("load to tune at", f"{escape(info['load']['search'])} ({escape(info['load']['why'])})")
     if info["too_long"] is not None:
         bad = info["too_long"]
         t.add_row("over the context", f"none (context {info['context']} tokens)" if not bad else

@@ -55,7 +55,7 @@ class SearchOptions:
     storage: str | None = None
     results: Path = Path("results")
     objectives: str = "output_tok_s,e2e_ms_p50"
-    concurrency: int = 1
+    concurrency: int | None = None  # None: not given (autotune.core.load.default_load)
     load: str | None = None
     levels: str | None = None
     repeats: int = 2
@@ -130,7 +130,7 @@ def prepare(o: SearchOptions) -> Prepared:
     from autotune.measure.config import StudyConfig
     from autotune.core.context import fit_model
     from autotune.core.kv_budget import kv_cache_bytes, most_in_flight
-    from autotune.core.load import level_loads, parse_levels, parse_load
+    from autotune.core.load import default_load, level_loads, parse_levels, parse_load
     from autotune.measure.objectives import normalize_objectives, validate_objectives
     from autotune.measure.slo import parse_slos
     from autotune.core.space import load_space
@@ -140,9 +140,14 @@ def prepare(o: SearchOptions) -> Prepared:
     platform_check.check()  # the installed vLLM fits this machine, or one line and exit 2
     wl = load_workload(o.workload, format=o.format, output_len=o.output_len, turns=o.turns)
     levels = parse_levels(o.levels) if o.levels else ()
-    if levels and (o.load or o.concurrency != 1):
+    if levels and (o.load or o.concurrency is not None):
         raise BadInput("--levels: its first level is the study's own load; leave out --load and --concurrency")
-    load = parse_load(o.load or f"concurrency={levels[0] if levels else o.concurrency}", seed=o.seed)
+    chosen = None  # no load given: the workload's arrivals, else one in flight, said in one line
+    if not (o.load or levels or o.concurrency is not None):
+        text, chosen = default_load([r.arrival_s for r in wl.requests])
+    else:
+        text = o.load or f"concurrency={levels[0] if levels else o.concurrency}"
+    load = parse_load(text, seed=o.seed)
     if load.kind == "replay" and any(r.arrival_s is None for r in wl.requests):
         missing = next(r.id for r in wl.requests if r.arrival_s is None)
         raise BadInput(f"--load replay: request {missing!r} of {wl.path} has no 'arrival_s' to replay")
@@ -158,13 +163,19 @@ def prepare(o: SearchOptions) -> Prepared:
     from autotune.core.target_space import fit_to_target
 
     settings, sp, flags, flag_notes = apply_serving_flags(o, settings, sp)
+    from autotune.core.structured import tool_refusal
+
+    refused = tool_refusal(wl.requests, flags.values, o.instrument)
+    if refused:
+        raise BadInput(refused)
     sp, target_notes = fit_to_target(sp, settings.model, tensor_parallel=flags.tensor_parallel_size)
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
                        trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
     if platform == "cpu" and o.gpu_memory_utilization is None:  # KV for what the study holds, not 0.3 of RAM
         kv = kv_cache_bytes([m for m in (settings.model, settings.draft_model, settings.eagle_head,
                                          settings.eagle3_head) if m], fitted.context or 0,
-                            most_in_flight([load, *extra_loads], len(fitted.workload.requests), o.samples))
+                            most_in_flight([load, *extra_loads], len(fitted.workload.requests), o.samples)
+                            * max(r.n for r in fitted.workload.requests))  # n completions: n sequences each
         if kv is not None:
             settings = replace(settings, gpu_memory_utilization=None, kv_cache_memory_bytes=kv)
     name = o.study or Path(o.workload).stem
@@ -181,7 +192,7 @@ def prepare(o: SearchOptions) -> Prepared:
                                             max_logprob_drift=o.max_logprob_drift,
                                             allow_unverified=o.allow_unverified),
                       engine_module=ENGINE)
-    notes = [*flag_notes, *(f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped),
+    notes = [*([escape(chosen)] if chosen else []), *(f"workload: {escape(n)}" for n in wl.notes), *flag_notes, *(f"  [dim]left out: {escape(n)}[/dim]" for n in sp.dropped),
              *(f"  [dim]{escape(n)}[/dim]" for n in target_notes)]
     envs, bound = devices.bind_ranks(devices.partition(o.workers, platform, flags.devices_per_engine), platform,
                                      flags.devices_per_engine)
@@ -223,7 +234,7 @@ def run_search(o: SearchOptions, say: Console, *, verbose: bool = False) -> dict
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=say, transient=True) as progress:
         task = progress.add_task("starting", total=p.cfg.n_trials)
-        show = RichProgress(progress, task, p.cfg.results_dir if verbose else None)
+        show = RichProgress(progress, task, p.cfg.results_dir if verbose else None, load=p.cfg.load.label)
         st = run_study(p.cfg, p.workload, p.space, progress=show, resume=o.resume, enqueue=enqueue,
                        deployed=deployed, worker_envs=p.envs)
     if o.warm_start is not None:

@@ -97,8 +97,11 @@ def search(
     objectives: Annotated[str, typer.Option(help="Comma-separated objectives, primary first; METRIC@LEVEL scores "
                                                  "a metric at another load level, measured on the same engine "
                                                  "(e.g. output_tok_s@1,output_tok_s@16).")] = "output_tok_s,e2e_ms_p50",
-    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (closed loop); "
-                                                       "shorthand for --load concurrency=N.")] = 1,
+    concurrency: Annotated[Optional[int], typer.Option(min=1, help="Requests in flight (closed loop); "
+                                                       "shorthand for --load concurrency=N. Default (no --load, "
+                                                       "--levels or --concurrency): replay the workload's "
+                                                       "arrival_s where every request has one, else 1, said "
+                                                       "in one line.")] = None,
     load: Annotated[Optional[str], typer.Option(help="Load pattern: concurrency=N, batch, poisson=RATE (req/s), "
                                                      "replay (the workload's arrival_s) or ramp=N (in flight "
                                                      "rising from 1 to N and back).")] = None,
@@ -114,13 +117,12 @@ def search(
     trial_timeout: Annotated[Optional[float], typer.Option(
         min=1, help="Seconds before a trial is ended and failed. Default: 600, and for trials after the baseline at "
                     "least 3x the baseline's own wall time (an engine start at GPU scale takes minutes).")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(help="Passed to vLLM.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="Context length, vLLM's --max-model-len.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Model dtype, passed to vLLM (default: vLLM's auto; "
                                                      "float32 for the demo pair).")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(
-        help="Passed to vLLM (on CPU: share of host RAM for the KV cache). Default on CPU: "
-             "--kv-cache-memory-bytes sized to the study's requests in flight (0.3 where the model's "
-             "config does not give its sizes).")] = None,
+        help="vLLM's share of GPU memory (on CPU: of host RAM for the KV cache; default there: the KV cache "
+             "sized to the study's requests in flight).")] = None,
     max_drift: Annotated[float, typer.Option(min=0, max=1, help="Allowed token disagreement for lossy configs "
                                                               "(used where log-probs are not measured).")] = 0.10,
     lossless_tolerance: Annotated[float, typer.Option(min=0, max=1, help="Allowed disagreement for speculation-only configs.")] = 0.02,
@@ -163,8 +165,7 @@ def search(
                              "flags after -- win.")] = None,
     time_budget: Annotated[Optional[float], typer.Option(
         min=0.1, help="Minutes for the study: no new candidate once the time left cannot hold one more and the "
-                      "pick's re-measurement (costed at the median trial so far); the pick is then the best "
-                      "measured, re-measured, and what was left out is said.")] = None,
+                      "pick's re-measurement (at the median trial's cost); what was left out is said.")] = None,
     serve_flags: Annotated[Optional[list[str]], typer.Argument(metavar="-- VLLM_SERVE_FLAGS...",
         help="Your `vllm serve` flags, e.g. -- -tp 2 --enable-prefix-caching: read by vLLM's parser, in "
              "every trial, confirm and serve.sh; a searched knob they set leaves the space.",

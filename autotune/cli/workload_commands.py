@@ -42,9 +42,9 @@ def workload_inspect(
     from autotune.core.workload import load_workload
 
     wl = load_workload(file, format=_workload_format(format), output_len=output_len, turns=_turns(turns))
-    tok, context = None, None
+    tok, context, source = None, None, "--model"
     if model is None and demo.available():
-        model, max_model_len = str(demo.TARGET), max_model_len or demo.MAX_MODEL_LEN
+        model, max_model_len, source = str(demo.TARGET), max_model_len or demo.MAX_MODEL_LEN, "demo"
     if model is not None:
         try:
             tok = load_tokenizer(model, trust_remote_code=trust_remote_code)
@@ -56,10 +56,14 @@ def workload_inspect(
                       f"({plain(f'{type(e).__name__}: {str(e)[:160]}')}); lengths in words", highlight=False)
     info = summarize(wl, tokenizer=tok, context=context)
     info["tokenizer"] = model if tok is not None else None
+    info["tokenizer_source"] = source if tok is not None else None  # "demo": not the user's model
+    info["notes"], info["endpoint"] = list(wl.notes), wl.endpoint
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return
     console.print(inspect_table(info))
+    for note in wl.notes:  # what the replay leaves out of the log, or takes a default for
+        console.print(f"workload: {note}", highlight=False, markup=False, soft_wrap=True)
     if info["categories"]:
         console.print(categories_table(info))
 

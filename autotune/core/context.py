@@ -39,7 +39,7 @@ def model_context(model: str, max_model_len: int | None) -> int | None:
 
 def _render(tok: Any, req: Request, messages: list[dict[str, str]]) -> str:
     try:
-        return chat_text(tok, messages)
+        return chat_text(tok, messages, **req.render_kwargs())  # the tools too: the template renders them
     except Exception as e:  # no chat template (a base model), or one that rejects these roles
         raise BadInput(f"request {req.id!r}: cannot render its chat messages with the model's chat template "
                        f"({type(e).__name__}: {str(e)[:120]})") from None

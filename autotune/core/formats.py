@@ -1,8 +1,11 @@
 """Workload formats users already have, turned into the native form (then validated as native).
 
 - ``native``: one object a line, as in DESIGN.md (``prompt`` or ``messages`` plus sampling fields).
-- ``openai-batch``: OpenAI Batch API lines: ``custom_id`` and a ``body`` with ``messages`` or
-  ``prompt``, ``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``;
+- ``openai``: OpenAI chat or completions request bodies as gateways log them (``model``,
+  ``messages`` or ``prompt``, ``stream``, ``max_completion_tokens``, ``response_format``, ``n``,
+  ``tools``, ...): autotune.core.request_body says which fields are replayed, ignored or refused.
+  Detected by a ``model`` key, or a key only such bodies have (``max_completion_tokens``, ``stream``, ...).
+- ``openai-batch``: OpenAI Batch API lines: ``custom_id`` and a ``body`` read as an ``openai`` line;
   the category from ``metadata.category`` (of the body, or of the line).
 - ``sharegpt``: ``conversations`` of ``{from, value}`` turns (JSONL, or one JSON array as the
   public dumps are); the request is the conversation up to its last human turn; the category from
@@ -16,14 +19,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from autotune.core.errors import BadInput
+from autotune.core.request_body import OPENAI_ONLY, from_openai_body
 
-FORMATS = ("auto", "native", "openai-batch", "sharegpt", "vllm-bench", "questions")
+FORMATS = ("auto", "native", "openai", "openai-batch", "sharegpt", "vllm-bench", "questions")
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
           "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
-_BODY_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 
 
 def detect(obj: Any) -> str:
@@ -35,6 +39,8 @@ def detect(obj: Any) -> str:
             return "sharegpt"
         if "question_id" in obj:
             return "questions"
+        if "model" in obj or set(obj) & OPENAI_ONLY:  # a request body as logged: the OpenAI form
+            return "openai"
     return "native"
 
 
@@ -46,19 +52,17 @@ def _category(*sources: Any) -> dict[str, Any]:
     return {}
 
 
-def from_openai_batch(obj: Any, where: str) -> dict[str, Any]:
+def from_openai(obj: Any, where: str, tally: Counter[str] | None = None) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise BadInput(f"{where}: expected a JSON object (an OpenAI request body), got {type(obj).__name__}")
+    return {**from_openai_body(obj, where, tally), **_category(obj, obj.get("metadata"))}
+
+
+def from_openai_batch(obj: Any, where: str, tally: Counter[str] | None = None) -> dict[str, Any]:
     if not isinstance(obj, dict) or not isinstance(obj.get("body"), dict):
         raise BadInput(f"{where}: 'body' must be an object (OpenAI batch line), got {obj.get('body') if isinstance(obj, dict) else obj!r:.60}")
     body = obj["body"]
-    out: dict[str, Any] = {"id": obj.get("custom_id")}
-    if "messages" in body:
-        out["messages"] = body["messages"]
-    if "prompt" in body:
-        out["prompt"] = body["prompt"]
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None:
-        out["max_tokens"] = limit
-    out.update({k: body[k] for k in _BODY_FIELDS if k in body and body[k] is not None})
+    out = {**from_openai_body(body, where, tally), "id": obj.get("custom_id")}
     out.update(_category(body.get("metadata"), obj.get("metadata")))
     return out
 
@@ -97,10 +101,14 @@ def from_questions(obj: Any, where: str) -> dict[str, Any]:
     return out
 
 
-CONVERTERS = {"openai-batch": from_openai_batch, "sharegpt": from_sharegpt, "questions": from_questions}
+CONVERTERS = {"sharegpt": from_sharegpt, "questions": from_questions}
+BODIES = {"openai": from_openai, "openai-batch": from_openai_batch}  # these count what they ignore
 
 
-def to_native(obj: Any, fmt: str, where: str) -> Any:
-    """The native-form object for a record of format ``fmt`` (native and vllm-bench pass through)."""
+def to_native(obj: Any, fmt: str, where: str, tally: Counter[str] | None = None) -> Any:
+    """The native-form object for a record of format ``fmt`` (native and vllm-bench pass through);
+    ``tally``: what the OpenAI forms ignored or took a default for (autotune.core.request_body.notes)."""
+    if fmt in BODIES:
+        return BODIES[fmt](obj, where, tally)
     conv = CONVERTERS.get(fmt)
     return conv(obj, where) if conv else obj

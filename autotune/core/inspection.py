@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from autotune.core.load import default_load, suggested_levels
 from autotune.core.workload import UNCATEGORIZED, Request, Workload
 
 
 def _text(r: Request) -> str:
     if r.prompt is not None:
         return r.prompt
-    return "\n".join(m["content"] for m in r.messages) if r.messages is not None else "\n".join(r.turns or ())
+    return "\n".join(m["content"] or "" for m in r.messages) if r.messages is not None else "\n".join(r.turns or ())
 
 
 def _dist(values: list[float]) -> dict[str, float]:
@@ -75,6 +76,8 @@ def summarize(wl: Workload, *, tokenizer: Any = None, context: int | None = None
         "greedy": sum(r.greedy for r in reqs), "sampled": sum(not r.greedy for r in reqs),
         "seeded": sum(r.seed is not None for r in reqs),
         "with_expectations": sum(bool(r.expect) for r in reqs),
+        "structured_outputs": sum(r.structured() is not None for r in reqs),
+        "n_over_1": sum(r.n > 1 for r in reqs), "with_tools": sum(bool(r.tools) for r in reqs),
         "arrivals": None,
         "prompt_repetition": _dist(rep),
         "edit_like_requests": edit_like,
@@ -87,7 +90,19 @@ def summarize(wl: Workload, *, tokenizer: Any = None, context: int | None = None
         span = max(arrivals) - min(arrivals)
         out["arrivals"] = {"timed": len(arrivals), "span_s": span,
                            "mean_rate_per_s": (len(arrivals) - 1) / span if span > 0 else None}
+    out["load"] = suggested_load(wl)
     share = (edit_like / len(reqs) + float(np.mean(rep))) / 2
     out["ngram_hint"] = ("likely to help: outputs may copy the prompt" if share > 0.3 else
                          "may help on some requests" if share > 0.1 else "unlikely to help much")
     return out
+
+
+def suggested_load(wl: Workload) -> dict[str, str]:
+    """The load to tune at, from the log: what `search` runs by default (autotune.core.load.default_load)
+    and, without arrival times, the levels to give it instead."""
+    chosen, _ = default_load([r.arrival_s for r in wl.requests])
+    if chosen == "replay":
+        return {"search": "replay", "why": "every request has arrival_s: search replays them by default"}
+    levels = ",".join(map(str, suggested_levels(len(wl.requests))))
+    return {"search": f"--levels {levels}", "why": "without arrival_s search runs one request in flight, where "
+            "speculation gains most; give the levels your service sees"}

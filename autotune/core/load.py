@@ -103,3 +103,28 @@ def level_loads(levels: tuple[int, ...], load: LoadPattern, extra: tuple[LoadPat
         if p.label != load.label and all(p.label != x.label for x in out):
             out.append(p)
     return tuple(out)
+
+
+def suggested_levels(n_requests: int) -> tuple[int, ...]:
+    """Concurrency levels to suggest where the log has no arrival times: one request in flight, a
+    small batch and a large one, none above the requests a window holds (a level over them is the
+    workload all at once)."""
+    more = [x for x in (8, 32) if x < n_requests] + ([n_requests] if 1 < n_requests <= 32 else [])
+    return tuple(sorted({1, *more}))
+
+
+def default_load(arrivals: list[float | None]) -> tuple[str, str]:
+    """The load a study runs when the user gives none (no --load, --levels or --concurrency), and
+    why, in one line: the workload's own arrival times where every request has one (what the
+    service saw), else one request in flight, saying that speculation gains most there and which
+    levels to give instead."""
+    n, timed = len(arrivals), [a for a in arrivals if a is not None]
+    if n and len(timed) == n:
+        span = max(timed) - min(timed)
+        rate = f", {(n - 1) / span:.3g} requests/s" if span > 0 else ""
+        return "replay", (f"load: replay (every request has arrival_s: {n} over {span:.3g} s{rate}, sent at "
+                          "their offsets); give --levels or --load for another")
+    levels = ",".join(map(str, suggested_levels(n)))
+    why = f"only {len(timed)} of {n} requests have arrival_s" if timed else "the workload has no arrival_s"
+    return "concurrency=1", (f"load: concurrency=1, one request in flight ({why}); speculation gains most "
+                             f"there and less as the batch grows: give the load you serve, e.g. --levels {levels}")

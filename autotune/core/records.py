@@ -26,6 +26,8 @@ class JobRequest(TypedDict):
     turns: NotRequired[list[str]]  # a conversation, each turn sent after the model's own answer
     category: NotRequired[str]
     arrival_s: NotRequired[float]
+    render: NotRequired[dict[str, Any]]  # the chat template's kwargs besides the messages (tools, ...)
+    chat: NotRequired[dict[str, Any]]  # the chat body, where the workload goes to /v1/chat/completions
 
 
 class Replay(TypedDict):

@@ -25,11 +25,12 @@ OWNED = {"model": "--model (autotune's, before --)", "model_tag": "--model (auto
          "compilation_config": "the search space (cudagraph_mode)",
          "host": "nothing: autotune picks where each trial listens", "port": "nothing: autotune picks where each "
          "trial listens", "seed": "--seed (autotune's, before --)"}
-# Flags that duplicate an option of autotune's: the option names what is used for the baseline too.
+# Flags that duplicate an option of autotune's (the option sets the baseline too): the option, given
+# before `--` with the same value. The KV cache's size in bytes has no option of its own: autotune
+# sizes it, from --gpu-memory-utilization or from the study's requests in flight.
+KV_BYTES = "kv_cache_memory_bytes"
 DUPLICATES = {"dtype": "--dtype", "max_model_len": "--max-model-len",
-              "gpu_memory_utilization": "--gpu-memory-utilization",
-              "kv_cache_memory_bytes": "--gpu-memory-utilization (autotune sizes the KV cache from it or from "
-                                       "the study's requests in flight)",
+              "gpu_memory_utilization": "--gpu-memory-utilization", KV_BYTES: "--gpu-memory-utilization",
               "trust_remote_code": "--trust-remote-code"}
 # Flags whose values parallelize one engine over several devices (the CPU binding, --workers x TP).
 PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
@@ -38,6 +39,13 @@ PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_siz
 def flag(name: str) -> str:
     """vLLM's argument name as its flag: ``max_num_seqs`` -> ``--max-num-seqs``."""
     return "--" + name.replace("_", "-")
+
+
+def as_option(option: str, value: Any) -> str:
+    """An option as typed on the command line: ``--max-model-len 512``, ``--trust-remote-code``."""
+    if value is True:
+        return option
+    return f"{option} {value}"
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,11 @@ def collisions(flags: ServingFlags, knobs: set[str]) -> list[str]:
     for name in flags.values:
         if name in OWNED:
             raise BadInput(f"{flag(name)}{where}: autotune sets this itself in every trial; use {OWNED[name]}")
+        if name == KV_BYTES:
+            raise BadInput(f"{flag(name)}{where}: autotune sizes the KV cache itself (on CPU from the study's "
+                           "requests in flight); to set its share of memory, give --gpu-memory-utilization "
+                           "before `--`")
         if name in DUPLICATES:
-            raise BadInput(f"{flag(name)}{where}: duplicates autotune's own option; use {DUPLICATES[name]}")
+            raise BadInput(f"{flag(name)}{where}: autotune has this option itself (it sets the baseline and every "
+                           f"trial alike): give it before `--` as {as_option(DUPLICATES[name], flags.values[name])}")
     return sorted(name for name in flags.values if name in knobs)

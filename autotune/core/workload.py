@@ -3,25 +3,26 @@
 Reads the native JSONL form described in DESIGN.md: one JSON object per line with ``prompt``
 (string), ``messages`` (chat list) or ``turns`` (user turns replayed as a conversation, each sent
 after the model's own answer to the one before), an optional ``category``, and optional sampling
-fields.
+fields; and what a service's requests carry beyond them (issue 52): ``n``, structured outputs
+(``response_format``, ``structured_outputs``: autotune.core.structured), ``tools``,
+``tool_choice``, ``chat_template_kwargs`` and further sampling (autotune.core.fields.SAMPLING_EXTRA). A workload
+whose chat requests need the server's chat endpoint (tools, or a response format the chat
+template may render) goes to ``/v1/chat/completions``, all of it: ``Workload.endpoint``.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import BadInput
+from autotune.core.fields import (CHAT_FIELDS, FIELDS, MAX_TOKENS_LIMIT, generation, num,
+                                   expect as check_expect, messages as check_messages, turns as check_turns)
 
-MAX_TOKENS_LIMIT = 1_000_000
-_FIELDS = {"prompt", "messages", "turns", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-           "ignore_eos", "arrival_s", "id", "expect", "category"}
-_EXPECT_KEYS = {"json", "regex", "contains"}
 TURNS = ("first", "all")  # --turns: what of a multi-turn question is sent
 
 
@@ -31,7 +32,7 @@ class Request:
 
     id: str
     prompt: str | None = None
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
     # User turns of a conversation: turn k+1 is sent after the model's own answer to turn k.
     turns: tuple[str, ...] | None = None
     category: str | None = None
@@ -44,10 +45,42 @@ class Request:
     ignore_eos: bool = False
     arrival_s: float | None = None
     expect: dict[str, Any] = field(default_factory=dict)
+    n: int = 1  # completions per request, as the service generates them (all of them load the engine)
+    structured_outputs: dict[str, Any] | None = None  # vLLM's form, as written (autotune.core.structured)
+    response_format: dict[str, Any] | None = None  # OpenAI's form, as written
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    sampling_extra: dict[str, Any] = field(default_factory=dict)  # SAMPLING_EXTRA's fields, as written
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_chat(self) -> str | None:
+        """Why this request needs the server's chat endpoint (its tools, or a response format the
+        chat template may render), or None: its rendered text on /v1/completions is what the server runs."""
+        if self.tools or self.tool_choice is not None:
+            return "tools"
+        if self.response_format is not None and self.prompt is None:
+            return "response_format on a chat request"
+        return None
+
+    def structured(self) -> dict[str, Any] | None:
+        """The structured outputs vLLM applies to this request (response_format folded in), or None."""
+        from autotune.core.structured import merged
+
+        return merged(self.structured_outputs, self.response_format)
+
+    def render_kwargs(self) -> dict[str, Any]:
+        """What the chat template gets besides the messages: the tools and the request's template kwargs."""
+        return {**({"tools": self.tools} if self.tools else {}), **(self.chat_template_kwargs or {})}
+
+    def chat_body(self) -> dict[str, Any]:
+        """The request's own chat fields, as written, for /v1/chat/completions (sampling aside)."""
+        return {"messages": [dict(m) for m in self.messages or ()],
+                **{k: getattr(self, k) for k in CHAT_FIELDS if getattr(self, k) is not None}}
 
     def sampling(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.SamplingParams`` (plain data, no vLLM import here)."""
@@ -59,7 +92,12 @@ class Request:
             out["seed"] = self.seed
         if self.stop:
             out["stop"] = list(self.stop)
-        return out
+        if self.n != 1:
+            out["n"] = self.n
+        structured = self.structured()
+        if structured is not None:  # plain data: the engine adapter makes vLLM's StructuredOutputsParams of it
+            out["structured_outputs"] = structured
+        return {**out, **self.sampling_extra}
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id}
@@ -81,7 +119,10 @@ class Request:
             d["ignore_eos"] = True
         if self.expect:
             d["expect"] = self.expect
-        return d
+        if self.n != 1:
+            d["n"] = self.n
+        d.update({k: getattr(self, k) for k in CHAT_FIELDS if getattr(self, k) is not None})
+        return {**d, **self.sampling_extra}
 
 
 @dataclass(frozen=True)
@@ -90,6 +131,13 @@ class Workload:
 
     path: str
     requests: tuple[Request, ...]
+    notes: tuple[str, ...] = ()  # what reading it ignored or took a default for, a line each
+
+    @property
+    def endpoint(self) -> str:
+        """``chat`` where a request needs /v1/chat/completions (``Request.needs_chat``): then the study's
+        client and confirm's send every request there; else ``completions``."""
+        return "chat" if any(r.needs_chat for r in self.requests) else "completions"
 
     @property
     def greedy_share(self) -> float:
@@ -104,10 +152,10 @@ class Workload:
 UNCATEGORIZED = "(none)"  # the group of requests without a category, where others have one
 
 
-def chat_text(tok: Any, messages: Any) -> str:
+def chat_text(tok: Any, messages: Any, **kwargs: Any) -> str:
     """Chat messages as the engine receives them: text rendered by the model's chat template (the
-    tokenizer's), with the generation prompt."""
-    return tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    tokenizer's), with the generation prompt; ``kwargs``: ``Request.render_kwargs`` (tools, ...)."""
+    return tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True, **kwargs)
 
 
 def first_messages(req: Request | dict[str, Any]) -> list[dict[str, str]]:
@@ -148,66 +196,18 @@ def expand_turns(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _num(where: str, key: str, value: Any, *, lo: float, hi: float, integer: bool = False) -> Any:
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or (isinstance(value, float) and not math.isfinite(value)):
-        kind = "an integer" if integer else "a number"
-        raise BadInput(f"{where}: '{key}' must be {kind} in [{lo:g}, {hi:g}], got {value!r}")
-    if not lo <= value <= hi:
-        raise BadInput(f"{where}: '{key}' must be in [{lo:g}, {hi:g}], got {value!r}")
-    return value
-
-
-def _messages(where: str, value: Any) -> tuple[dict[str, str], ...]:
-    if not isinstance(value, list) or not value:
-        raise BadInput(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-    out = []
-    for i, m in enumerate(value):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise BadInput(f"{where}: 'messages[{i}]' must be an object with string 'role' and 'content', got {m!r}")
-        out.append({"role": m["role"], "content": m["content"]})
-    return tuple(out)
-
-
-def _turns(where: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise BadInput(f"{where}: 'turns' must be a non-empty list of strings (the user turns), got {value!r:.60}")
-    for i, t in enumerate(value):
-        if not isinstance(t, str):
-            raise BadInput(f"{where}: 'turns[{i}]' must be a string, got {type(t).__name__} {t!r:.40}")
-        if not t.strip():
-            raise BadInput(f"{where}: 'turns[{i}]' is empty; expected the text of a user turn")
-    return tuple(value)
-
-
-def _expect(where: str, expect: Any) -> dict[str, Any]:
-    """The request's expectations, each value checked here: a bad one found only when the candidate's
-    outputs are judged (autotune.measure.validate.check_expect) would end the study after the baseline ran."""
-    if not isinstance(expect, dict) or set(expect) - _EXPECT_KEYS:
-        raise BadInput(f"{where}: 'expect' must be an object with keys from {sorted(_EXPECT_KEYS)}, got {expect!r}")
-    got = {k: f"{type(v).__name__} {v!r:.60}" for k, v in expect.items()}
-    if "json" in expect and not isinstance(expect["json"], bool):
-        raise BadInput(f"{where}: 'expect.json' must be true or false, got {got['json']}")
-    if "contains" in expect and not (isinstance(expect["contains"], str) and expect["contains"]):
-        raise BadInput(f"{where}: 'expect.contains' must be a non-empty string, got {got['contains']}")
-    if "regex" in expect:
-        if not isinstance(expect["regex"], str):
-            raise BadInput(f"{where}: 'expect.regex' must be a string (a Python regular expression), got {got['regex']}")
-        try:
-            re.compile(expect["regex"])
-        except (re.error, RecursionError, OverflowError) as e:
-            raise BadInput(f"{where}: 'expect.regex' must be a valid regular expression (Python re), "
-                           f"got {expect['regex']!r:.60}: {' '.join(str(e).split())}") from None
-    return expect
-
-
 def parse_request(obj: Any, where: str, index: int) -> Request:
     """Validate one native-form object; ``where`` is ``file:line`` for error messages."""
     if not isinstance(obj, dict):
         raise BadInput(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    unknown = set(obj) - _FIELDS
+    unknown = set(obj) - FIELDS
     if unknown:
-        raise BadInput(f"{where}: unknown field {sorted(unknown)[0]!r}; expected one of {sorted(_FIELDS)}")
+        bad = sorted(unknown)[0]
+        if bad.startswith("guided_"):
+            raise BadInput(f"{where}: {bad!r} was removed in vLLM 0.32 (a server answers it unconstrained); write "
+                           "it as \"structured_outputs\": {\"json\": ...} (or read the file with --format openai, "
+                           "which maps it)")
+        raise BadInput(f"{where}: unknown field {bad!r}; expected one of {sorted(FIELDS)}")
     prompt, messages, turns = obj.get("prompt"), obj.get("messages"), obj.get("turns")
     if sum(x is not None for x in (prompt, messages, turns)) != 1:
         raise BadInput(f"{where}: expected exactly one of 'prompt' (string), 'messages' (chat list) "
@@ -222,7 +222,7 @@ def parse_request(obj: Any, where: str, index: int) -> Request:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise BadInput(f"{where}: 'stop' must be a string or a list of non-empty strings, got {stop!r}")
-    expect = _expect(where, obj.get("expect", {}))
+    expect = check_expect(where, obj.get("expect", {}))
     for key in ("ignore_eos",):
         if key in obj and not isinstance(obj[key], bool):
             raise BadInput(f"{where}: '{key}' must be true or false, got {obj[key]!r}")
@@ -231,16 +231,16 @@ def parse_request(obj: Any, where: str, index: int) -> Request:
         raise BadInput(f"{where}: 'id' must be a string or an integer, got {rid!r}")
     return Request(
         id=str(rid), prompt=prompt,
-        messages=_messages(where, messages) if messages is not None else None,
-        turns=_turns(where, turns) if turns is not None else None, category=category,
-        max_tokens=_num(where, "max_tokens", obj.get("max_tokens", 128), lo=1, hi=MAX_TOKENS_LIMIT, integer=True),
-        temperature=float(_num(where, "temperature", obj.get("temperature", 0.0), lo=0, hi=10)),
-        top_p=float(_num(where, "top_p", obj.get("top_p", 1.0), lo=1e-9, hi=1)),
-        top_k=_num(where, "top_k", obj.get("top_k", 0), lo=-1, hi=1_000_000, integer=True),
-        seed=_num(where, "seed", obj["seed"], lo=0, hi=2**63 - 1, integer=True) if "seed" in obj else None,
+        messages=check_messages(where, messages) if messages is not None else None,
+        turns=check_turns(where, turns) if turns is not None else None, category=category,
+        max_tokens=num(where, "max_tokens", obj.get("max_tokens", 128), lo=1, hi=MAX_TOKENS_LIMIT, integer=True),
+        temperature=float(num(where, "temperature", obj.get("temperature", 0.0), lo=0, hi=10)),
+        top_p=float(num(where, "top_p", obj.get("top_p", 1.0), lo=1e-9, hi=1)),
+        top_k=num(where, "top_k", obj.get("top_k", 0), lo=-1, hi=1_000_000, integer=True),
+        seed=num(where, "seed", obj["seed"], lo=0, hi=2**63 - 1, integer=True) if "seed" in obj else None,
         stop=tuple(stop), ignore_eos=obj.get("ignore_eos", False),
-        arrival_s=float(_num(where, "arrival_s", obj["arrival_s"], lo=0, hi=1e7)) if "arrival_s" in obj else None,
-        expect=expect,
+        arrival_s=float(num(where, "arrival_s", obj["arrival_s"], lo=0, hi=1e7)) if "arrival_s" in obj else None,
+        expect=expect, **generation(where, obj),
     )
 
 
@@ -301,8 +301,9 @@ def load_workload(path: str | Path, *, format: str = "auto", output_len: int | N
     fmt = detect(records[0][1]) if format == "auto" else format
     first_only = (turns or ("first" if fmt == "questions" else "all")) == "first"
     requests: list[Request] = []
+    tally: Counter[str] = Counter()
     for where, obj in records:
-        native = to_native(obj, fmt, where)
+        native = to_native(obj, fmt, where, tally)
         if output_len is not None and isinstance(native, dict) and "max_tokens" not in native:
             native = {**native, "max_tokens": output_len}
         if isinstance(native, dict) and native.get("id") is None:
@@ -317,4 +318,12 @@ def load_workload(path: str | Path, *, format: str = "auto", output_len: int | N
         dup = next(i for i in ids if i in seen or seen.add(i))
         raise BadInput(f"{p}: request id {dup!r} appears more than once; ids must be unique "
                        "(turn k of a multi-turn request is 'ID#turnk')")
-    return Workload(path=str(p), requests=tuple(requests))
+    chat = next((r for r in requests if r.needs_chat), None)
+    text = next((r for r in requests if r.prompt is not None or r.turns is not None), None)
+    if chat is not None and text is not None:  # vllm bench serve sends a run to one endpoint
+        raise BadInput(f"{p}: request {chat.id!r} needs /v1/chat/completions ({chat.needs_chat}) and request "
+                       f"{text.id!r} is a {'prompt' if text.prompt is not None else 'conversation of turns'}: "
+                       "one workload goes to one endpoint; give it as 'messages', or tune the two apart")
+    from autotune.core.request_body import notes
+
+    return Workload(path=str(p), requests=tuple(requests), notes=tuple(notes(tally)))

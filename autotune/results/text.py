@@ -46,7 +46,8 @@ def headline(report: dict[str, Any]) -> str | None:
         return None
     f = report.get("figure") or {}
     who = f"best: trial {best['trial']} {best['label']}"
-    verdict = f"; verdict {best['verdict']['reason']}"
+    # a pick that loses to the baseline at a measured level says so where its figure is read
+    verdict = f"; verdict {best['verdict']['reason']}" + level_losses(best.get("speedup") or {})
     if f.get("status") == "measured":
         iv = f" [{f['lo']:.2f}-{f['hi']:.2f}]" if f.get("lo") is not None and f.get("hi") is not None else ""
         how = ("served: vllm serve + vllm bench serve, after the choice" if f.get("source") == "served" else
@@ -123,3 +124,16 @@ def schedule_line(s: dict[str, Any]) -> str:
     checks = "; ".join(f"{c['level']} {c['ratio']:.2f}x [{c['lo']:.2f}-{c['hi']:.2f}] of {c['fixed']}"
                        for c in s.get("checks") or [])
     return f"depth schedule{ranges}: {s['status']}: {s['why']}" + (f" ({checks})" if checks else "")
+
+
+def level_losses(speedup: dict[str, Any]) -> str:
+    """The load levels, beyond the study's own, where a config's output tok/s was below the
+    baseline's (best.json's ``output_tok_s@LEVEL`` ratios), as a clause for its line; "" where none.
+    Speculation's gain shrinks as the batch grows: a pick that loses at a level the service sees
+    must say so where its figure is read."""
+    from autotune.measure.objectives import parse_key
+
+    losses = [(level, r) for key, r in speedup.items()
+              for metric, suffix, level in [parse_key(key)]
+              if metric == "output_tok_s" and not suffix and level and isinstance(r, (int, float)) and r < 1]
+    return "".join(f"; at {level} it is {r:.2f}x the baseline's output tok/s: slower there" for level, r in losses)

@@ -111,14 +111,19 @@ class InProcess:
 
         from autotune.run.served_engine import Delta
 
+        if sampling.get("structured_outputs") is not None:  # plain data in the job (autotune.core.structured)
+            from vllm.sampling_params import StructuredOutputsParams
+
+            sampling = {**sampling, "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"])}
         params = SamplingParams(output_kind=RequestOutputKind.DELTA, **sampling)
         async for out in self.engine.generate(prompt, params, rid):
-            comp = out.outputs[0]
-            spec = getattr(comp, "spec_decode_metrics", None) if out.finished else None
-            yield Delta(token_ids=list(comp.token_ids), text=comp.text, finished=out.finished,
-                        finish_reason=comp.finish_reason if out.finished else None,
-                        prompt_token_ids=None if out.prompt_token_ids is None else list(out.prompt_token_ids),
-                        spec_decode=None if spec is None else spec.to_dict())
+            for comp in out.outputs:  # n > 1: the completions that moved, each with its index
+                done = out.finished or comp.finish_reason is not None
+                spec = getattr(comp, "spec_decode_metrics", None) if done else None
+                yield Delta(token_ids=list(comp.token_ids), text=comp.text, finished=done,
+                            finish_reason=comp.finish_reason if done else None, index=comp.index,
+                            prompt_token_ids=None if out.prompt_token_ids is None else list(out.prompt_token_ids),
+                            spec_decode=None if spec is None else spec.to_dict())
 
     async def prompt_logprobs(self, ids: list[int], k: int, rid: str) -> list[dict[int, tuple[float, int | None]]]:
         from vllm import SamplingParams

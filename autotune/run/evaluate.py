@@ -75,12 +75,15 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: 
     """The plain-data job a worker runs: engine kwargs, requests, replay settings (and, for a
     candidate, the baseline's output tokens to score)."""
     reqs: list[JobRequest] = []
+    chat = workload.endpoint == "chat"  # every request through /v1/chat/completions, as confirm's client sends them
     for r in workload.requests:
         req: dict[str, Any] = {"id": r.id, "prompt": r.prompt, "messages": list(r.messages) if r.messages else None,
                                "turns": list(r.turns) if r.turns else None, "category": r.category,
-                               "sampling": r.sampling(), "expect": r.expect, "arrival_s": r.arrival_s}
+                               "sampling": r.sampling(), "expect": r.expect, "arrival_s": r.arrival_s,
+                               "render": r.render_kwargs() or None, "chat": r.chat_body() if chat else None}
         reqs.append({k: v for k, v in req.items()  # type: ignore[misc]
-                     if v is not None or k not in ("prompt", "messages", "turns", "category", "arrival_s")})
+                     if v is not None or k not in ("prompt", "messages", "turns", "category", "arrival_s", "render",
+                                                   "chat")})
     job: Job = {"engine_kwargs": cand.engine_kwargs(cfg.settings), "requests": reqs,
                 "replay": {"load": cfg.load.to_dict(), "extra_loads": [x.to_dict() for x in cfg.extra_loads],
                            "repeats": cfg.repeats, "max_repeats": cfg.max_repeats, "warmup": cfg.warmup,

@@ -37,13 +37,17 @@ LOGPROB_TOP_K = 5  # top log-probs kept per scored token (autotune.measure.valid
 LOGPROB_MAX_REQUESTS = 64
 
 
-def _render(engine: Any, messages: list[dict[str, str]]) -> str:
-    return chat_text(engine.get_tokenizer(), messages)
+def _render(engine: Any, messages: list[dict[str, str]], **kwargs: Any) -> str:
+    return chat_text(engine.get_tokenizer(), messages, **kwargs)
 
 
-def prompt_text(engine: Any, req: dict[str, Any]) -> str:
-    """The first (or only) prompt of a request, as text."""
-    return first_prompt(req, lambda messages: _render(engine, messages))
+def prompt_text(engine: Any, req: dict[str, Any]) -> str | dict[str, Any]:
+    """The first (or only) prompt of a request, as text; or, where the workload goes to the server's
+    chat endpoint and the engine has one (``serves_chat``: the served instrument), the request's chat
+    body, for the server's own template and tool handling (autotune.core.workload.Workload.endpoint)."""
+    if req.get("chat") is not None and getattr(engine, "serves_chat", False):
+        return dict(req["chat"])
+    return first_prompt(req, lambda messages: _render(engine, messages, **(req.get("render") or {})))
 
 
 Send = Callable[[dict[str, Any], list[dict[str, str]]], Awaitable[dict[str, Any]]]
@@ -87,14 +91,18 @@ async def _one(engine: Any, req: dict[str, Any], prompt: str) -> dict[str, Any]:
     try:
         async for d in engine.stream(prompt, req["sampling"], f"{req['id']}-{uuid.uuid4().hex[:8]}"):
             now = time.perf_counter()
+            # With n > 1 every completion's tokens are the load (chunks); the first is the one judged.
+            first = getattr(d, "index", 0) == 0
             if d.token_ids:
                 rec["chunks"].append([now, len(d.token_ids)])
-                rec["token_ids"].extend(d.token_ids)
-            rec["text"] += d.text
+                if first:
+                    rec["token_ids"].extend(d.token_ids)
+            if first:
+                rec["text"] += d.text
             if rec["prompt_tokens"] is None and d.prompt_token_ids is not None:
                 rec["prompt_tokens"] = len(d.prompt_token_ids)
                 rec["prompt_token_ids"] = list(d.prompt_token_ids)  # vLLM's own tokenization, for _score
-            if d.finished:
+            if d.finished and first:
                 rec["finish_reason"] = d.finish_reason
                 if d.spec_decode is not None:  # set where _engine_args asked for it (in-process only)
                     rec["spec_decode"] = d.spec_decode
@@ -185,7 +193,7 @@ async def sampled_draws(engine: Any, reqs: list[dict[str, Any]], prompts: list[s
         seeded = budget is None or need <= budget
         in_flight = 8 if budget is None else max(1, min(8, budget // need))
         base_seed = r["sampling"].get("seed") or 0
-        jobs = [{"id": f"{r['id']}#s{i}", "sampling": {**r["sampling"], "max_tokens": length,
+        jobs = [{"id": f"{r['id']}#s{i}", "sampling": {**r["sampling"], "max_tokens": length, "n": 1,
                                                          "seed": base_seed * 100_003 + i if seeded else None}}
                 for i in range(n)]
         recs = await replay_requests(engine, jobs, [p] * n, {"kind": "concurrency", "concurrency": in_flight},

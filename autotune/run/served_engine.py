@@ -59,6 +59,7 @@ class Delta:
     finish_reason: str | None = None
     prompt_token_ids: list[int] | None = None
     spec_decode: dict[str, Any] | None = None
+    index: int = 0  # which of a request's n completions (the first is the one judged)
 
 
 def parse_counters(text: str) -> dict[str, Any]:
@@ -128,6 +129,21 @@ def resolved_speculation(vllm_config: Any) -> dict[str, Any] | None:
 
     return {k: getattr(spec, k) for k in ("method", *SPEC_KEYS)
             if isinstance(getattr(spec, k, None), (str, int, float, list))}
+
+
+def _delta(ch: dict[str, Any], data: dict[str, Any]) -> Delta:
+    """One streamed choice of /v1/completions (``text``) or /v1/chat/completions (``delta``: its content
+    and any tool call's arguments). A chat server's tool parser ends a call with ``tool_calls``: the
+    generation stopped as at any stop, so it is recorded as ``stop``."""
+    text = ch.get("text")
+    if text is None:
+        delta = ch.get("delta") or {}
+        text = (delta.get("content") or "") + "".join(
+            ((tc.get("function") or {}).get("arguments") or "") for tc in delta.get("tool_calls") or ())
+    reason = ch.get("finish_reason")
+    return Delta(token_ids=list(ch.get("token_ids") or []), text=text or "", finished=reason is not None,
+                 finish_reason="stop" if reason == "tool_calls" else reason, index=int(ch.get("index") or 0),
+                 prompt_token_ids=ch.get("prompt_token_ids") or data.get("prompt_token_ids"))
 
 
 @dataclass
@@ -245,11 +261,21 @@ class ServedEngine:
         async with self._session.get(f"{self.base_url}/metrics") as r:
             return kv_cache_blocks(await r.text())
 
-    async def stream(self, prompt: str | list[int], sampling: dict[str, Any], rid: str) -> AsyncIterator[Delta]:
-        """One request streamed from /v1/completions: a Delta per chunk, the last one finished."""
-        body = {"model": self.served_name, "prompt": prompt, "stream": True, "return_token_ids": True, **sampling}
-        async with self._session.post(f"{self.base_url}/v1/completions", json=body,
-                                      headers={"X-Request-Id": rid}) as resp:
+    serves_chat = True  # a chat workload's requests go to its /v1/chat/completions (autotune.run.replay.prompt_text)
+
+    async def stream(self, prompt: str | list[int] | dict[str, Any], sampling: dict[str, Any],
+                     rid: str) -> AsyncIterator[Delta]:
+        """One request streamed from /v1/completions, or from /v1/chat/completions where ``prompt``
+        is a chat body (its messages, tools and structured outputs as logged: the sampling's merged
+        ``structured_outputs`` is not sent beside them): a Delta per chunk and completion."""
+        if isinstance(prompt, dict):
+            path = "/v1/chat/completions"
+            body = {"model": self.served_name, **{k: v for k, v in sampling.items() if k != "structured_outputs"},
+                    **prompt, "stream": True, "return_token_ids": True}
+        else:
+            path = "/v1/completions"
+            body = {"model": self.served_name, "prompt": prompt, "stream": True, "return_token_ids": True, **sampling}
+        async with self._session.post(f"{self.base_url}{path}", json=body, headers={"X-Request-Id": rid}) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
             async for raw in resp.content:
@@ -257,12 +283,8 @@ class ServedEngine:
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 data = json.loads(line[6:])
-                if not data.get("choices"):
-                    continue
-                ch = data["choices"][0]
-                yield Delta(token_ids=list(ch.get("token_ids") or []), text=ch.get("text") or "",
-                            finished=ch.get("finish_reason") is not None, finish_reason=ch.get("finish_reason"),
-                            prompt_token_ids=ch.get("prompt_token_ids") or data.get("prompt_token_ids"))
+                for ch in data.get("choices") or ():
+                    yield _delta(ch, data)
 
     async def prompt_logprobs(self, ids: list[int], k: int, rid: str) -> list[dict[int, tuple[float, int | None]]]:
         """Each prompt position's {token id: (log-prob, rank)}: the scored token and the top ``k``."""

@@ -1,8 +1,9 @@
 """What `vllm bench serve` sends for a study's workload, and what it reports back.
 
-The client takes one dataset file (`--dataset-name custom`: a prompt and its output length a line)
-and one set of flags for every request; this builds both from the workload and the study's load,
-with a note for whatever of the workload the client cannot carry. Reads the client's result JSON.
+The client takes one dataset file (`--dataset-name custom`: a prompt and its output length a line,
+and where a request has them its chat messages and own body fields, autotune.vllm_cli) and one set
+of flags for every request; this builds both from the workload and the study's load, with a note for
+whatever of the workload the client cannot carry. Reads the client's result JSON.
 """
 
 from __future__ import annotations
@@ -83,42 +84,46 @@ def client_plan(requests: list[Any], *, load: str | None, render: Callable[[list
 
     Prompts are sent as text to /v1/completions, as the study's engine receives them: a ``prompt``
     as written, chat ``messages`` rendered with the model's chat template (``render``), so the
-    client's own template step is skipped (``--skip-chat-template``). Each request keeps its own
-    ``max_tokens`` (the custom dataset's ``output_tokens`` with ``--custom-output-len -1``). Sampling,
-    ``ignore_eos`` and ``stop`` are one setting for all requests in ``vllm bench serve``: the
-    workload's, where every request has the same, else the most common, said in a note.
+    client's own template step is skipped (``--skip-chat-template``). A workload that needs the chat
+    endpoint (``Workload.endpoint``: tools, a response format on chat) goes to /v1/chat/completions
+    instead, as the study's client sends it: each row carries its ``chat_messages``, and its text
+    only counts the prompt's tokens. Each request keeps its own ``max_tokens`` (the custom dataset's
+    ``output_tokens`` with ``--custom-output-len -1``) and its own ``n``, structured outputs, tools and
+    further sampling (the row's ``request_overrides``: autotune.vllm_cli carries both columns into
+    vLLM's own per-request fields). The client's flags set the most common sampling, ``ignore_eos``
+    and ``stop`` for all; a request that differs, or has a seed, carries its own in its overrides.
     """
     if not requests:
         raise BadInput("workload: no requests to send")
+    chat = any(r.needs_chat for r in requests)  # autotune.core.workload.Workload.endpoint
     notes: list[str] = []
+    sampling, _ = _mode([(r.temperature, r.top_p, r.top_k) for r in requests])
+    ignore_eos, _ = _mode([r.ignore_eos for r in requests])
+    stop, _ = _mode([r.stop for r in requests])
     rows = []
     for r in requests:
         if r.prompt is None and render is None:
             raise BadInput(f"request {r.id!r}: chat messages need the model's tokenizer to render them")
-        rows.append({"prompt": first_prompt(r, render), "output_tokens": r.max_tokens})
+        row: dict[str, Any] = {"prompt": first_prompt(r, render), "output_tokens": r.max_tokens}
+        over = {**_own_sampling(r, sampling, ignore_eos, stop), **request_overrides(r, chat=chat)}
+        if chat:
+            row["chat_messages"] = over.pop("messages")
+        if over:
+            row["request_overrides"] = over
+        rows.append(row)
     if any(r.turns and len(r.turns) > 1 for r in requests):
         notes.append("multi-turn requests: the client sends each one's first turn only")
-    sampling, same = _mode([(r.temperature, r.top_p, r.top_k) for r in requests])
-    if not same:
-        notes.append(f"sampling differs by request; the client sends one setting for all, the most common: "
-                     f"temperature={sampling[0]:g}, top_p={sampling[1]:g}, top_k={sampling[2]}")
     flags = ["--temperature", f"{sampling[0]:g}", "--top-p", f"{sampling[1]:g}"]
     if sampling[2] > 0:
         flags += ["--top-k", str(sampling[2])]
-    ignore_eos, same = _mode([r.ignore_eos for r in requests])
     if ignore_eos:
         flags.append("--ignore-eos")
-    if not same:
-        notes.append(f"ignore_eos differs by request; the client sends ignore_eos={str(ignore_eos).lower()} for all")
-    stop, same = _mode([r.stop for r in requests])
     if stop:
         flags += ["--extra-body", json.dumps({"stop": list(stop)})]
-    if not same:
-        notes.append(f"stop sequences differ by request; the client sends {list(stop)} for all")
-    if any(r.seed is not None for r in requests):
-        notes.append("per-request seeds are not sent (vllm bench serve has no per-request seed)")
     lf, ln = load_flags(load, requests=requests, seed=seed)
-    flags += ["--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "custom",
+    endpoint = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions"] if chat else \
+        ["--backend", "openai", "--endpoint", "/v1/completions"]
+    flags += [*endpoint, "--dataset-name", "custom",
               "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle", "--no-oversample",
               # vLLM's client warms on (and ready-checks with) the first measured request: never; the
               # warm-up is autotune.serve.warmup's, outside the measured set
@@ -128,6 +133,31 @@ def client_plan(requests: list[Any], *, load: str | None, render: Callable[[list
     from autotune.serve.warmup import warmup_spec
 
     return ClientPlan(rows=rows, flags=flags, notes=notes + ln, warmup=warmup_spec(rows, warmups))
+
+
+def _own_sampling(r: Any, common: tuple[float, float, int], ignore_eos: bool, stop: tuple[str, ...]) -> dict[str, Any]:
+    """A request's sampling where it is not the client's common setting, and its seed."""
+    out: dict[str, Any] = {}
+    if (r.temperature, r.top_p, r.top_k) != common:
+        out.update(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+    if r.ignore_eos != ignore_eos:
+        out["ignore_eos"] = r.ignore_eos
+    if r.stop != stop:
+        out["stop"] = list(r.stop)
+    if r.seed is not None:
+        out["seed"] = r.seed
+    return out
+
+
+def request_overrides(r: Any, *, chat: bool) -> dict[str, Any]:
+    """What a request's body carries beyond the client's common flags: ``n``, further sampling and
+    its structured outputs (merged, for /v1/completions), or on the chat endpoint its messages and
+    chat fields as written (tools, response_format, ...)."""
+    out: dict[str, Any] = {**({"n": r.n} if r.n != 1 else {}), **r.sampling_extra}
+    if chat:
+        return {**out, **r.chat_body()}
+    structured = r.structured()
+    return {**out, **({"structured_outputs": structured} if structured is not None else {})}
 
 
 # ---------------------------------------------------------------------------------------------
