@@ -38,7 +38,10 @@ def pick_figure(view: StudyView, pick: FrozenTrial | None, *, chosen: bool) -> d
                            "resolution": None, "load": load}
     if pick.number == base.number:
         return {**out, "status": NOT_MEASURED, "why": "the pick is the baseline"}
-    want = int(view.user_attrs.get(attrs.HOLDOUT_PAIRS, 0))
+    wanted = view.user_attrs.get(attrs.HOLDOUT_PAIRS, 0)
+    if wanted is None:
+        return {**out, "status": NOT_MEASURED, "why": "no holdout was measured (--no-remeasure)"}
+    want = int(wanted)
     pairs = view_pairs(view, pick, base)
     if not chosen:
         return {**out, "status": NOT_MEASURED,

@@ -80,7 +80,7 @@ def holdout_step(study: optuna.Study, view: StudyView, cfg: Any) -> bool:
     mine = holdout_trials(view, pick)
     if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine):
         return False  # a round in flight
-    want = int(view.user_attrs.get(attrs.HOLDOUT_PAIRS, cfg.pairs))
+    want = int(view.user_attrs.get(attrs.HOLDOUT_PAIRS, cfg.pairs) or 0)
     done = rounds_done(view, pick)
     n = len({attrs.round_of(t) for t in mine if not attrs.is_interrupted(t)}) + 1
     deployed = deployed_beside(view, pick)

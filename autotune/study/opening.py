@@ -114,7 +114,7 @@ def describe(study: optuna.Study, view: StudyView, cfg: StudyConfig, workload: W
     study.set_user_attr(attrs.CONCURRENCY, cfg.load.concurrency if cfg.load.kind == "concurrency" else None)
     study.set_user_attr(attrs.LEVELS, [cfg.load.label, *(x.label for x in cfg.extra_loads)])
     study.set_user_attr(attrs.LOSSY_MIN_GAIN, cfg.lossy_min_gain)
-    study.set_user_attr(attrs.HOLDOUT_PAIRS, cfg.pairs if cfg.remeasure else 0)
+    study.set_user_attr(attrs.HOLDOUT_PAIRS, cfg.pairs if cfg.remeasure else None)  # None: --no-remeasure
     study.set_user_attr(attrs.GATE_TOLERANCE, cfg.gate_tolerance)
     study.set_user_attr(attrs.STRATEGY, cfg.strategy)
     study.set_user_attr(attrs.STOPPED, None)  # a resumed study plans again
