@@ -76,6 +76,14 @@ def name(runner: str | None) -> str:
     return {V1: "Model Runner V1", V2: "Model Runner V2"}.get(runner or "", "an unknown runner")
 
 
+def runners_differ(candidate: str | None, baseline: str | None) -> str | None:
+    """The clause of a candidate's line when its engine ran another model runner than the baseline's."""
+    if not candidate or not baseline or candidate == baseline:
+        return None
+    return (f"ran on {name(candidate)}, the baseline on {name(baseline)}: the speedup includes the runner "
+            "change (as serving this config would)")
+
+
 def runner_lines(methods: list[str], *, platform: str, env: Mapping[str, str]) -> list[str]:
     """One line when the space's methods would not all run on one runner here: which run on which,
     and that a speedup across runners includes the runner change."""

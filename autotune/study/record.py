@@ -73,7 +73,8 @@ def _other_baseline(view: StudyView, number: int) -> int | None:
 def _reference(view: StudyView) -> Reference:
     ua = view.baseline.user_attrs
     return Reference(ua.get(attrs.OUTPUTS, []), ua.get(attrs.SAMPLES, {}), ua.get(attrs.SCORES, {}),
-                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())))
+                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())),
+                     runner=attrs.measurement(view.baseline).get("model_runner"))
 
 
 def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Candidate, workload: Workload,
