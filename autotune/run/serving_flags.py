@@ -41,9 +41,18 @@ def _quiet_import() -> Iterator[None]:
         os.environ.update(before)
 
 
+def _cli_args() -> Any:
+    """vLLM's serve argument module: vllm.entrypoints.launchers.cli_args (0.32), common.cli_args (0.33)."""
+    try:
+        import vllm.entrypoints.launchers.cli_args as cli_args
+    except ImportError:
+        import vllm.entrypoints.common.cli_args as cli_args  # type: ignore[no-redef]
+    return cli_args
+
+
 def _parser() -> Any:
     with _quiet_import():
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        make_arg_parser = _cli_args().make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
@@ -110,7 +119,7 @@ def parse(model: str, argv: list[str] | tuple[str, ...] = (), serve_config: Path
     args.model = model  # as `vllm serve MODEL` does (ServeSubcommand.cmd): every check sees the user's model
     with _quiet_import():
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+        validate_parsed_serve_args = _cli_args().validate_parsed_serve_args
     try:
         validate_parsed_serve_args(args)
         AsyncEngineArgs.from_cli_args(args)
