@@ -65,6 +65,8 @@ def test_a_bad_or_colliding_flag_is_one_line_exit_2_before_any_engine(tmp_path, 
     _refused(_search(tmp_path, monkeypatch, flags=flags), tmp_path, *fragments)
 
 
+@pytest.mark.cpu_only(reason="-tp 2 placed as on CPU: a core list per rank (VLLM_CPU_OMP_THREADS_BIND), said and "
+                             "exported with the pick; on a GPU the ranks are devices (test_search_places_workers_...)")
 def test_a_flag_for_a_searched_knob_removes_it_and_every_trial_and_serve_sh_carry_the_flags(
         tmp_path, monkeypatch, fake_engine_env):
     r = _search(tmp_path, monkeypatch, "--trials", "3", "--strategy", "grid",
