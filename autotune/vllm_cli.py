@@ -133,7 +133,10 @@ def wait_for(url: str, timeout_s: float, *, poll_s: float = 0.1) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    try:
+        from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    except ImportError:  # vLLM 0.33 moved it
+        from vllm.entrypoints.common.startup import cli_env_setup  # type: ignore[no-redef]
     from vllm.logger import configure_logging_from_args
 
     argv = sys.argv[1:] if argv is None else argv

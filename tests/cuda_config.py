@@ -1,10 +1,16 @@
 """Build VllmConfigs as on a CUDA machine (capability 9.0), with no GPU: run as a subprocess by
 tests/test_gpu_space_cuda.py, so the patched platform never leaks into another test.
 
-The CPU build of vLLM lacks the CUDA build's compiled ops (``vllm._C_stable_libtorch``, imported by
-``vllm/platforms/cuda.py``): an empty module stands in, which is enough for config code (no kernel
-runs). The platform's device queries are answered as an H100's would be. Input: a JSON file of
-engine keyword arguments; output (stdout, last line): one JSON record each.
+The CUDA build as it is: it has Triton, so ``HAS_TRITON`` is patched to True where vLLM's config
+reads it (``vllm.config.vllm``), and vLLM picks its model runner as on a GPU: Model Runner V2 unless
+the config uses a feature V2 lacks (``VllmConfig.use_v2_model_runner``). Not through
+``VLLM_USE_V2_MODEL_RUNNER=1``, which would skip that check. The CPU build of vLLM lacks the CUDA
+build's compiled ops (``vllm._C_stable_libtorch``, imported by ``vllm/platforms/cuda.py``): an empty
+module stands in, which is enough for config code (no kernel runs). The platform's device queries
+are answered as an H100's would be. Input: a JSON file of engine keyword arguments, and the
+platform (``cuda``, or ``cpu``: the CPU platform with Triton present, for the EAGLE family, whose
+draft inspection needs the CUDA build's flash-attention extensions here; the runner choice reads no
+platform); output (stdout, last line): one JSON record each.
 """
 
 import copy
@@ -15,7 +21,9 @@ import types
 sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
 
 import vllm.config.speculative as speculative  # noqa: E402
+import vllm.config.vllm as vllm_config  # noqa: E402
 import vllm.platforms as platforms  # noqa: E402
+from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 from vllm.platforms.cuda import CudaPlatform  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 
@@ -44,8 +52,10 @@ class FakeHopper(CudaPlatform):
         return 1
 
 
-def main(path: str) -> None:
-    platforms._current_platform = FakeHopper()
+def main(path: str, platform: str = "cuda") -> None:
+    # set before vLLM's engine modules are imported: some bind the platform when they load
+    platforms._current_platform = FakeHopper() if platform == "cuda" else CpuPlatform()
+    vllm_config.HAS_TRITON = True  # the CUDA build has Triton: vLLM chooses its runner as on a GPU
     speculative.has_arctic_inference = lambda: True  # suffix: its config values are what is checked
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -55,11 +65,17 @@ def main(path: str) -> None:
         try:
             vc = AsyncEngineArgs(**kw).create_engine_config()
             cc = vc.compilation_config
+            sc = vc.speculative_config
             rec = {"platform": type(platforms.current_platform).__name__, "device": str(vc.device_config.device),
                    "mode": cc.cudagraph_mode.name, "sizes": list(cc.cudagraph_capture_sizes or []),
-                   "max": cc.max_cudagraph_capture_size,
-                   "k": vc.speculative_config.num_speculative_tokens if vc.speculative_config else 0}
-            if rec["k"] and cc.cudagraph_mode.decode_mode().name == "FULL":  # what the GPU worker does next
+                   "max": cc.max_cudagraph_capture_size, "k": sc.num_speculative_tokens if sc else 0,
+                   "runner": "v2" if vc.use_v2_model_runner else "v1",
+                   "v2_unsupported": vc._get_v2_model_runner_unsupported_features(),
+                   "draft_tp": sc.draft_parallel_config.tensor_parallel_size
+                   if sc is not None and sc.draft_parallel_config is not None else None}
+            # What the GPU worker does next under FULL decode graphs: V1 rounds the capture sizes to
+            # multiples of k+1 (CompilationConfig.resolve_cudagraph_mode_and_sizes); V2 does not.
+            if rec["k"] and cc.cudagraph_mode.decode_mode().name == "FULL" and rec["runner"] == "v1":
                 again = copy.deepcopy(cc)
                 again.adjust_cudagraph_sizes_for_spec_decode(rec["k"] + 1)
                 rec["spec_sizes"] = list(again.cudagraph_capture_sizes)
@@ -70,4 +86,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -51,18 +51,65 @@ GRAPHS = {"mode": "FULL_AND_PIECEWISE", "capture_sizes": [1, 2, 4, 8, 16, 24, 32
 
 def test_decode_past_the_capture_ceiling_is_outside_the_graphs():
     cov = decode_coverage(GRAPHS, k=3, batch_sizes=[1, 8, 16])  # 4, 32 and 64 tokens a step
-    assert cov == {"mode": "FULL_AND_PIECEWISE", "query_len": 4, "ceiling": 32, "outside": [16]}
+    assert cov == {"mode": "FULL_AND_PIECEWISE", "query_len": 4, "ceiling": 32, "outside": [16], "runner": "v1"}
     assert coverage_line(cov) == ("decode outside CUDA graphs at batch 16: 16 x (k+1=4) = 64 tokens > capture "
                                   "ceiling 32 (FULL_AND_PIECEWISE); raise max_cudagraph_capture_size or lower the depth")
     # k=2 under FULL decode: sizes rounded up to multiples of 3 and kept under 32 (32 -> 33 dropped),
     # so the ceiling drops to 24 and a batch of 9 (27 tokens) falls outside
     assert decode_coverage(GRAPHS, k=2, batch_sizes=[8, 9]) == {"mode": "FULL_AND_PIECEWISE", "query_len": 3,
-                                                                 "ceiling": 24, "outside": [9]}
+                                                                 "ceiling": 24, "outside": [9], "runner": "v1"}
+    # Model Runner V2 skips that rounding: its PIECEWISE graphs keep the size 32, so 9 x 3 = 27 fits
+    assert decode_coverage(GRAPHS, k=2, batch_sizes=[8, 9, 11], runner="v2")["outside"] == [11]
     # PIECEWISE keeps its sizes (no rounding): 9 x 3 = 27 fits under 32, 11 x 3 = 33 does not
     assert decode_coverage({**GRAPHS, "mode": "PIECEWISE"}, k=2, batch_sizes=[9, 11])["outside"] == [11]
     eager = decode_coverage({"mode": "NONE", "capture_sizes": [], "max_capture_size": 0}, k=0, batch_sizes=[1])
     assert coverage_line(eager) == "decode ran without CUDA graphs (cudagraph_mode NONE)"
     assert coverage_line(decode_coverage(GRAPHS, k=3, batch_sizes=[1, 8])) is None
+
+
+# (mode, capture sizes, ceiling, k+1): the graph sets a decode step may meet, V1's rounding cases
+# among them (sizes past a ceiling that is no multiple of k+1; a size that rounds past it).
+V2_CASES = [("FULL_AND_PIECEWISE", [1, 2, 4, 8, 16, 24, 32], 32, 3), ("FULL_AND_PIECEWISE", [1, 2, 4, 8, 16, 24, 32], 32, 4),
+            ("FULL_AND_PIECEWISE", [8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152,
+                                    160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 272, 288, 304,
+                                    320, 336, 352, 368, 384, 400, 416, 432, 448, 464, 480, 496, 512], 512, 3),
+            ("FULL_DECODE_ONLY", [1, 2, 4, 8, 16, 24, 30], 30, 4), ("FULL_DECODE_ONLY", [4], 4, 3),
+            ("FULL", [1, 2, 4, 8], 8, 3), ("PIECEWISE", [1, 2, 4, 8, 16], 16, 5), ("NONE", [], 0, 2)]
+
+
+@pytest.mark.parametrize("mode, sizes, ceiling, q", V2_CASES)
+def test_the_v2_coverage_is_vllms_own_v2_graph_manager(mode, sizes, ceiling, q):
+    """Model Runner V2's graph manager (vllm/v1/worker/gpu/cudagraph_utils.py), run on CPU: which
+    uniform decode batches ``dispatch`` gives a graph, from the descriptors ``_init_candidates``
+    builds, against autotune's V2 rule; and V1's rule, which rounds every size, where they differ."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    max_reqs = 256
+    # a stand-in holding what _init_candidates and dispatch read (no GPU, no distributed state)
+    m = SimpleNamespace(compilation_config=SimpleNamespace(cudagraph_capture_sizes=list(sizes),
+                                                           max_cudagraph_capture_size=ceiling),
+                        cudagraph_mode=CUDAGraphMode[mode], max_num_reqs=max_reqs, decode_query_len=q,
+                        vllm_config=SimpleNamespace(speculative_config=None,
+                                                    cache_config=SimpleNamespace(use_kda_recoverssm=False)),
+                        varlen_decode=False, lora_capture_cases=[0], _candidates={}, _capture_descs={},
+                        _graphs_captured=True, _maybe_ubatch_twin=lambda desc: None,
+                        _resolve_effective_loras=lambda n: 0)
+    CudaGraphManager._init_candidates(m)
+    batches = list(range(1, max(sizes, default=1) // q + 3))
+    graphed = {c for c in batches
+               if CudaGraphManager.dispatch(m, c, c * q, q, 0, max_query_len=q).cg_mode != CUDAGraphMode.NONE}
+    graphs = {"mode": mode, "capture_sizes": sizes, "max_capture_size": ceiling}
+    outside = decode_coverage(graphs, k=q - 1, batch_sizes=batches, runner="v2")["outside"]
+    assert sorted(set(batches) - graphed) == outside
+
+
+def test_v2_covers_batches_that_v1s_rounding_leaves_out():
+    """512 rounds up to 513 for k+1 = 3 and is dropped by V1, whose ceiling falls to 498 (496 -> 498):
+    batches of 167 to 170 decode outside V1's graphs; V2 keeps 512 for its PIECEWISE graphs."""
+    graphs = {"mode": "FULL_AND_PIECEWISE", "capture_sizes": V2_CASES[2][1], "max_capture_size": 512}
+    assert decode_coverage(graphs, k=2, batch_sizes=list(range(160, 172)))["outside"] == [167, 168, 169, 170, 171]
+    assert decode_coverage(graphs, k=2, batch_sizes=list(range(160, 172)), runner="v2")["outside"] == [171]
 
 
 def test_the_graphs_are_read_from_the_resolved_compilation_config():

@@ -22,8 +22,8 @@ CLOSED = LoadPattern("concurrency", concurrency=2)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, engine_launcher):
-    """(requests, replay window's records, concurrency=2 window's records) from one engine."""
+def trial(tmp_path_factory, engine_launcher):
+    """(requests, the raw run) of one served engine."""
     tmp = tmp_path_factory.mktemp("load")
     base = load_workload("examples/smoke.jsonl").requests[:4]
     reqs = tuple(Request(id=r.id, prompt=r.prompt, max_tokens=8, arrival_s=10 + o) for r, o in zip(base, OFFSETS))
@@ -33,7 +33,29 @@ def run(tmp_path_factory, engine_launcher):
     out = run_trial(trial_job(Candidate({"method": "none", "enforce_eager": True}), Workload("replay", reqs), cfg),
                     tmp / "trial", timeout_s=600)
     assert out.raw is not None, out.failure
-    return reqs, out.raw["windows"][0]["requests"], out.raw["levels"][CLOSED.label][0]["requests"]
+    return reqs, out.raw
+
+
+@pytest.fixture(scope="module")
+def run(trial):
+    """(requests, replay window's records, concurrency=2 window's records) from one engine."""
+    reqs, raw = trial
+    return reqs, raw["windows"][0]["requests"], raw["levels"][CLOSED.label][0]["requests"]
+
+
+def test_the_trial_records_the_model_runner_its_server_ran(trial):
+    """Read from the engine's own config (an in-process trial), not predicted: the runner vLLM chose
+    here (V1 on the CPU build, which has no Triton; V2 on a GPU), as autotune.core.runner expects it.
+    A served trial's is read from its server's log (tests/test_engine_suffix.py)."""
+    import os
+
+    from autotune.core import runner
+    from autotune.run import hardware
+
+    _, raw = trial
+    want, _ = runner.expected(None, triton=runner.has_triton(hardware.detect()), env=os.environ)
+    assert raw["model_runner"] == want
+    assert raw["model_runner_from"] == "the engine's config (VllmConfig.use_v2_model_runner)"
 
 
 def _max_in_flight(recs):

@@ -37,9 +37,20 @@ def _tensor_parallel(log: str) -> list[int | None]:
     return found
 
 
-def test_tensor_parallel_2_in_every_trial_serve_sh_and_confirm(tmp_path, capsys):
-    from autotune.vllm_cli import parse_serve_args
+def _gpus() -> int:
+    from autotune.run import hardware, platform_check
 
+    return len(platform_check.nvidia_gpus()) if hardware.detect() == "cuda" else 0
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    """A 2-trial study at tensor parallel 2 and one confirm round: (search output, results folder, confirm output)."""
+    from autotune.run import hardware
+
+    if hardware.detect() == "cuda" and _gpus() < 2:
+        pytest.skip("tensor parallel 2 needs two GPUs")
+    tmp_path = tmp_path_factory.mktemp("tp2")
     space = tmp_path / "tp.yaml"
     space.write_text(SPACE)
     workload = tmp_path / "three.jsonl"  # three edits, 16 tokens each: the flags are under test, not speed
@@ -53,25 +64,36 @@ def test_tensor_parallel_2_in_every_trial_serve_sh_and_confirm(tmp_path, capsys)
                             "--", "--tensor-parallel-size", "2"])
     print(r.output)
     assert r.exit_code == 0, r.output
-    assert "2 ranks on CPU: VLLM_CPU_OMP_THREADS_BIND=" in r.output
     out = tmp_path / "tp"
+    c = runner.invoke(app, ["confirm", str(out), "--rounds", "1"])
+    print(c.output)
+    assert c.exit_code == 0, c.output
+    return r.output, out
+
+
+def test_tensor_parallel_2_in_every_trial_serve_sh_and_confirm(tp2):
+    from autotune.vllm_cli import parse_serve_args
+
+    _, out = tp2
     logs = sorted(out.glob("trials/*/server.log"))
     assert len(logs) == 2
     for log in logs:  # what each trial's server was started with, as vLLM itself logged it
         assert _tensor_parallel(log.read_text()) == [2], log
     best = json.loads((out / "best.json").read_text())
     assert best["best"]["engine_kwargs"]["tensor_parallel_size"] == 2
-    sh = (out / "serve.sh").read_text()
-    assert 'export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-' in sh
-    words = shlex.split(sh.splitlines()[-1])
+    words = shlex.split((out / "serve.sh").read_text().splitlines()[-1])
     assert parse_serve_args(words[4:-1]).tensor_parallel_size == 2  # serve.sh as vLLM's parser reads it
-
-    r = runner.invoke(app, ["confirm", str(out), "--rounds", "1"])
-    print(r.output)
-    assert r.exit_code == 0, r.output
     served = sorted((out / "confirm").glob("round-1-*.log"))
     served = [p for p in served if not p.name.endswith(".bench.log")]
     assert len(served) == 2  # the baseline and the pick, each a server of its own
     for log in served:
         assert _tensor_parallel(log.read_text()) == [2], log
     assert json.loads((out / "best.json").read_text())["best"]["served"]["rounds"] == 1
+
+
+@pytest.mark.cpu_only(reason="on CPU each rank is bound to cores of its own (VLLM_CPU_OMP_THREADS_BIND), "
+                             "in the study and in serve.sh; a GPU's ranks are its devices")
+def test_on_cpu_each_rank_gets_its_cores_in_the_study_and_serve_sh(tp2):
+    output, out = tp2
+    assert "2 ranks on CPU: VLLM_CPU_OMP_THREADS_BIND=" in output
+    assert 'export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-' in (out / "serve.sh").read_text()

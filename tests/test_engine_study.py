@@ -219,8 +219,9 @@ def test_nightly_flow_warm_start_then_check(study_dir, shared_edits, tmp_path):
 
 
 def test_ngram_acceptance_replayed_from_the_baselines_tokens_matches_vllms_counters(study_dir):
-    """Predict, then measure: replaying vLLM's ngram rule over the baseline's prompt and output ids
-    gives the measured trial's mean accepted length (vLLM's own counters) within 3%."""
+    """Predict, then measure: replaying vLLM's ngram rule (of the model runner the trial's engine ran)
+    over the baseline's prompt and output ids gives the measured trial's mean accepted length (vLLM's
+    own counters) within 3%."""
     import optuna
 
     from autotune.forecast.predict import ngram_acceptance
@@ -230,8 +231,9 @@ def test_ngram_acceptance_replayed_from_the_baselines_tokens_matches_vllms_count
     pairs = [(o["prompt_token_ids"], o["token_ids"]) for o in base.user_attrs["outputs"]]
     ngram = next(t for t in study.trials if t.user_attrs.get("label", "").startswith("ngram"))
     c, m = ngram.user_attrs["candidate"], ngram.user_attrs["measurement"]
+    # the rule of the runner its engine ran (V1 on the CPU build, V2 on a GPU: autotune.core.runner)
     a = ngram_acceptance(pairs, k=c["num_speculative_tokens"], min_n=c["prompt_lookup_min"],
-                         max_n=c["prompt_lookup_max"], max_model_len=demo.MAX_MODEL_LEN)
+                         max_n=c["prompt_lookup_max"], max_model_len=demo.MAX_MODEL_LEN, runner=m["model_runner"])
     assert a.mean_accepted_length == pytest.approx(m["mean_accepted_length"], rel=0.03)
     assert a.acceptance_rate == pytest.approx(m["acceptance_rate"], rel=0.05)
     windows = m["windows"]  # the counters are summed over the measured windows

@@ -85,6 +85,21 @@ def test_suffix_outputs_are_the_baselines(runs):
         assert runs[name]["speculative_config"]["method"] == "suffix"
 
 
+def test_each_trial_records_the_model_runner_its_engine_ran(runs):
+    """Suffix runs Model Runner V1 on every build (V2 does not support it: autotune.core.runner), read
+    from the served trial's server log and the in-process trial's engine config; the baseline runs
+    what this build runs (V1 without Triton, V2 on a GPU)."""
+    import os
+
+    from autotune.core import runner
+    from autotune.run import hardware
+
+    assert runs["suffix served"]["model_runner"] == runs["suffix"]["model_runner"] == "v1"
+    assert runs["suffix served"]["model_runner_from"] == "server log ('using the V1 model runner instead')"
+    assert runs["baseline"]["model_runner"] == runner.expected(
+        None, triton=runner.has_triton(hardware.detect()), env=os.environ)[0]
+
+
 def test_forecast_equals_vllms_counters_window_by_window(runs):
     recs = runs["baseline"]["windows"][0]["requests"]
     pairs = [(r["prompt_token_ids"], r["token_ids"]) for r in recs]

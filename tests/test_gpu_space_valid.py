@@ -20,7 +20,9 @@ constructs it:
 - ``EngineArgs.create_engine_config`` (the whole ``VllmConfig``) for one candidate per distinct
   speculative config and per distinct engine knob combination. This runs under the CPU platform,
   which rewrites the CUDA-only parts (``cudagraph_mode`` becomes NONE): it checks that the pieces
-  fit together, not what CUDA would make of them.
+  fit together, not what CUDA would make of them. Triton is present, as in the CUDA build
+  (``HAS_TRITON`` patched in ``vllm.config.vllm``), so vLLM picks each config's model runner as on a
+  GPU, and that runner is the one autotune expects (autotune.core.runner: V2, V1 for suffix).
 
 What needs a GPU is not checked: CUDA kernels' support for fp8 weights or an fp8 KV cache on a
 given GPU, CUDA graph capture, and the attention backends' choices.
@@ -46,6 +48,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
+from autotune.core import runner
 from autotune.core.candidate import Candidate, Settings
 from autotune.serve.export import serve_argv
 from autotune.core.space import SPACES_DIR, SearchSpace, load_space
@@ -102,6 +105,7 @@ def v(tmp_path_factory):
     log.setLevel(logging.ERROR)  # a warning per candidate ("fp8 is deprecated ...") would flood the log
     with pytest.MonkeyPatch.context() as mp:
         import vllm.config.speculative as speculative
+        import vllm.config.vllm as vllm_config
         from vllm.config import CacheConfig, CompilationConfig, ParallelConfig, SpeculativeConfig
         from vllm.config.cache import CacheDType
         from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
@@ -109,6 +113,8 @@ def v(tmp_path_factory):
 
         from autotune import vllm_cli
 
+        mp.setattr(vllm_config, "HAS_TRITON", True)  # the CUDA build has Triton: its runner choice
+        mp.delenv(runner.ENV, raising=False)
         parser = vllm_cli.serve_parser()  # seconds to build: once, then engine_args_from_serve reuses it
         mp.setattr(vllm_cli, "serve_parser", lambda: parser)
         arctic = speculative.has_arctic_inference()
@@ -130,7 +136,7 @@ def v(tmp_path_factory):
             spec_literals={"rejection_sample_method": set(get_args(speculative.RejectionSampleMethod)),
                            "draft_sample_method": set(get_args(speculative.DraftSampleMethod))},
             settings=settings, mtp_settings=mtp_settings,
-            seen={"values": {}, "engine": set(), "spec_methods": set()})
+            seen={"values": {}, "engine": set(), "spec_methods": set(), "runners": {}})
     log.setLevel(level)
     os.environ.clear()
     os.environ.update(env)  # whatever vLLM's config code set stays in this module
@@ -230,6 +236,11 @@ def check_kwargs(v, kw: dict[str, Any], where: str, *, whole: bool = False) -> N
         vc = _stage(where, "EngineArgs.create_engine_config (VllmConfig, CPU platform)", ea.create_engine_config)
         if (spec is None) != (vc.speculative_config is None):
             raise Invalid(f"{where}: VllmConfig.speculative_config is {vc.speculative_config!r}")
+        chose = runner.V2 if vc.use_v2_model_runner else runner.V1
+        want, why = runner.expected(spec, triton=True, env={})
+        if chose != want:
+            raise Invalid(f"{where}: vLLM runs it on {runner.name(chose)}; autotune expects {runner.name(want)} ({why})")
+        v.seen["runners"].setdefault((spec or {}).get("method", "none"), set()).add(chose)
 
 
 def settings_for(v, c: Candidate) -> Settings:
@@ -279,6 +290,9 @@ def test_every_gpu_candidate_passes_vllms_config_validation(v):
     methods = set(next(p for p in space.params if p.name == "method").choices) - {"none"}
     assert v.seen["spec_methods"] == methods  # a SpeculativeConfig was built for each method
     assert len(v.seen["engine"]) >= len(methods)
+    # the CUDA build's runner per method, as vLLM chose it with Triton present
+    assert v.seen["runners"]["none"] == v.seen["runners"]["ngram"] == v.seen["runners"]["eagle3"] == {"v2"}
+    assert v.seen["runners"]["suffix"] == {"v1"}
     print(f"\n{n} gpu-space candidates validated; {len(v.seen['values']['model'])} distinct target+speculative "
           f"configs built; {len(v.seen['engine'])} whole VllmConfigs built (CPU platform)"
           + ("" if v.arctic else "; Arctic Inference not installed: suffix config checked with its import faked"))

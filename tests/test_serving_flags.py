@@ -67,6 +67,8 @@ def test_a_bad_or_colliding_flag_is_one_line_exit_2_before_any_engine(tmp_path, 
     _refused(_search(tmp_path, monkeypatch, flags=flags), tmp_path, *fragments)
 
 
+@pytest.mark.cpu_only(reason="-tp 2 placed as on CPU: a core list per rank (VLLM_CPU_OMP_THREADS_BIND), said and "
+                             "exported with the pick; on a GPU the ranks are devices (test_search_places_workers_...)")
 def test_a_flag_for_a_searched_knob_removes_it_and_every_trial_and_serve_sh_carry_the_flags(
         tmp_path, monkeypatch, fake_engine_env):
     r = _search(tmp_path, monkeypatch, "--trials", "3", "--strategy", "grid",
@@ -205,3 +207,35 @@ def test_export_and_serve_carry_the_servers_environment(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert started["argv"][-4:] == ["--tensor-parallel-size", "2", "--port", "8001"]
     assert started["env"][devices.BIND] == "0|1"
+
+
+def _cached_model(hub, repo: str) -> None:
+    """A model in a Hugging Face cache laid out as huggingface_hub keeps it: the demo target's config."""
+    from autotune import demo
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    root = hub / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(sha)
+    (root / "snapshots" / sha).mkdir(parents=True)
+    (root / "snapshots" / sha / "config.json").write_text((demo.TARGET / "config.json").read_text())
+
+
+def test_the_flags_are_checked_with_the_users_model_offline(tmp_path, monkeypatch):
+    """parse sets the model as `vllm serve MODEL` does, so vLLM's checks see the user's model, not its
+    default (Qwen/Qwen3-0.6B): with HF_HUB_OFFLINE=1 vLLM resolves the model from the local cache,
+    which holds the user's (a hub id, or a local folder) and nothing else."""
+    import huggingface_hub.constants as hf
+
+    from autotune import demo
+    from autotune.run import serving_flags
+
+    _cached_model(tmp_path / "hub", "acme/tiny")
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert serving_flags.parse("acme/tiny", ["--max-num-seqs", "8"]).values == {"max_num_seqs": 8}
+    assert serving_flags.parse(str(demo.TARGET), ["--max-num-seqs", "8"]).values == {"max_num_seqs": 8}
+    with pytest.raises(BadInput, match="model acme/other: not in the local Hugging Face cache, and HF_HUB_OFFLINE"):
+        serving_flags.parse("acme/other", ["--max-num-seqs", "8"])

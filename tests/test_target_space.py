@@ -1,12 +1,15 @@
 """The space fitted to the target (autotune.core.target_space): a pre-quantized target is not offered
-the quantization knob; a tensor-parallel target's drafts are offered draft_tensor_parallel_size."""
+the quantization knob; a tensor-parallel target's drafts are not offered draft_tensor_parallel_size 1,
+which vLLM 0.32 honours on no runner (held to vLLM's own code)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from autotune.cli.search import SearchOptions, prepare
-from autotune.core.candidate import Candidate, Settings
-from autotune.core.space import load_space
+from autotune.core.space import Param, load_space
 from autotune.core.target_space import declared_quantization, fit_to_target
 
 NEEDS = {"draft_model", "eagle_head", "eagle3_head", "sampled_requests"}
@@ -34,21 +37,50 @@ def test_a_pre_quantized_target_is_not_offered_the_quantization_knob(tmp_path):
     assert fit_to_target(gpu, str(tmp_path / "model")) == (gpu, [])  # not quantized: unchanged
 
 
-def test_a_tensor_parallel_target_offers_its_drafts_one_gpu_or_all(tmp_path):
+def test_draft_tp_1_is_not_offered_under_tensor_parallel_2(tmp_path):
     gpu = load_space("gpu", platform="cuda", models=NEEDS, tags={"cuda"})
     model = _model(tmp_path, False)
     assert fit_to_target(gpu, model, tensor_parallel=1) == (gpu, [])
-    sp, notes = fit_to_target(gpu, model, tensor_parallel=4)
-    p = next(p for p in sp.params if p.name == "draft_tensor_parallel_size")
-    assert p.choices == (4, 1) and "draft_model" in p.when["method"] and "ngram" not in p.when["method"]
-    assert notes and notes[0].startswith("draft_tensor_parallel_size: 4 (the target's) or 1")
-    # it lands in the speculative config, where vLLM's SpeculativeConfig takes it (1 or the target's)
-    kw = Candidate({"method": "draft_model", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
-                   ).engine_kwargs(Settings(model=model, draft_model=model))
-    assert kw["speculative_config"]["draft_tensor_parallel_size"] == 1
-    from vllm.config.speculative import SpeculativeConfig
+    assert fit_to_target(gpu, model, tensor_parallel=2) == (gpu, [])  # nothing added
+    # a space that names it keeps only the target's own size: the knob is left out, in one line
+    named = replace(gpu, params=(*gpu.params, Param("draft_tensor_parallel_size", choices=(2, 1))))
+    sp, notes = fit_to_target(named, model, tensor_parallel=2)
+    assert not any(p.name == "draft_tensor_parallel_size" for p in sp.params)
+    assert notes == ["draft_tensor_parallel_size: not searched: vLLM 0.32 runs every draft on the target's 2 GPU(s) "
+                     "whatever it is set to (V1 refuses another size, V2 and EAGLE ignore it)"]
 
-    assert "draft_tensor_parallel_size" in SpeculativeConfig.__dataclass_fields__
+
+def test_vllm_0_32_honours_no_draft_tp_below_the_targets(tmp_path):
+    """vLLM's config takes draft TP 1 under target TP 2, but: V1's draft proposer refuses it (its own
+    check, on that config); V2's draft speculator and every EAGLE drafter never size the draft by it
+    (vLLM's code reading ``draft_parallel_config``: the V1 draft proposer, V2's standalone draft and
+    DSpark speculators only), and V2's draft layers shard over the global tensor-parallel group."""
+    import inspect
+    from types import SimpleNamespace
+
+    import vllm
+    from vllm.config import ParallelConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+    from test_gpu_space_valid import placeholder_models
+
+    settings, _ = placeholder_models(tmp_path)
+    args = EngineArgs(model=settings.model, skip_tokenizer_init=True, speculative_config={
+        "method": "draft_model", "model": settings.draft_model, "num_speculative_tokens": 3,
+        "draft_tensor_parallel_size": 1})
+    spec = args.create_speculative_config(args.create_model_config(), ParallelConfig(tensor_parallel_size=2))
+    assert spec.draft_parallel_config.tensor_parallel_size == 1  # the config takes it
+    with pytest.raises(ValueError, match="must be the same. Got 1 and 2"):  # V1 refuses it
+        DraftModelProposer._raise_if_draft_tp_mismatch(SimpleNamespace(speculative_config=spec))
+    root = Path(vllm.__file__).parent
+    readers = {str(p.relative_to(root)) for p in (root / "v1").rglob("*.py") if "draft_parallel_config" in p.read_text()}
+    assert readers == {"v1/spec_decode/draft_model.py", "v1/worker/gpu/spec_decode/standalone_ar/speculator.py",
+                       "v1/worker/gpu/spec_decode/dspark/utils.py"}  # no EAGLE drafter among them
+    v2 = (root / "v1/worker/gpu/spec_decode/standalone_ar/speculator.py").read_text()
+    assert "spec.draft_parallel_config,\n                rank=self.vllm_config.parallel_config.rank" in v2
+    assert "get_tensor_model_parallel_world_size()" in inspect.getsource(ColumnParallelLinear.__init__)
 
 
 def test_search_says_the_knob_is_left_out_before_any_engine(tmp_path):

@@ -7,6 +7,7 @@ options into a workload, settings, a space and a StudyConfig, runs the study and
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,22 @@ def _settings(o: SearchOptions, platform: str) -> Any:
                     trust_remote_code=o.trust_remote_code)
 
 
+def models_ready(o: SearchOptions, p: Prepared) -> Prepared:
+    """``p`` with its models fetched before any clock starts (autotune.run.model_fetch: one line says
+    so) and, without --trial-timeout, the trial time limit sized from their weights and the platform.
+    The fake engine of the orchestration tests loads no model: nothing is fetched."""
+    if p.cfg.engine_module != "autotune.run.engine":
+        return p
+    from autotune.run import model_fetch
+
+    flags = p.cfg.settings.serve_flags
+    ready = model_fetch.fetch(p.cfg.settings, flags)
+    tp = int(flags.get("tensor_parallel_size") or 1)
+    limit = None if o.trial_timeout else model_fetch.baseline_timeout(model_fetch.weight_bytes(ready), p.platform, tp)
+    cfg = replace(p.cfg, trial_timeout_s=limit) if limit is not None else p.cfg
+    return replace(p, cfg=cfg, notes=[*p.notes, escape(model_fetch.ready_line(ready, limit, p.platform, tp))])
+
+
 def _workload_needs(wl: Any) -> set[str]:
     """What a space's ``needs:`` can ask of the workload: sampled requests, for the verification knobs
     (block verification, probabilistic drafts) that change nothing on a greedy request."""
@@ -160,6 +177,7 @@ def prepare(o: SearchOptions) -> Prepared:
     sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
                     models=settings.available_models() | _workload_needs(wl), tags=hardware.platform_tags(platform))
     from autotune.cli.serving import apply_serving_flags
+    from autotune.core.runner import runner_lines
     from autotune.core.target_space import fit_to_target
 
     settings, sp, flags, flag_notes = apply_serving_flags(o, settings, sp)
@@ -169,6 +187,8 @@ def prepare(o: SearchOptions) -> Prepared:
     if refused:
         raise BadInput(refused)
     sp, target_notes = fit_to_target(sp, settings.model, tensor_parallel=flags.tensor_parallel_size)
+    target_notes += runner_lines([m for p in sp.params if p.name == "method" for m in p.values()],
+                                 platform=platform, env=os.environ)
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,
                        trust_remote_code=o.trust_remote_code, drop=o.drop_too_long)
     if platform == "cpu" and o.gpu_memory_utilization is None:  # KV for what the study holds, not 0.3 of RAM
@@ -219,7 +239,7 @@ def run_search(o: SearchOptions, say: Console, *, verbose: bool = False) -> dict
     from autotune.results.files import write_results
     from autotune.study.loop import run_study
 
-    p = prepare(o)
+    p = models_ready(o, prepare(o))
     say.print(f"autotune {__version__}: {len(p.workload.requests)} requests from {p.workload.path}, space "
               f"'{p.space.name}' on {p.platform}, model {p.cfg.settings.model}"
               + (f", {len(p.envs)} workers" if len(p.envs) > 1 else ""), highlight=False)

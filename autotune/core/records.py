@@ -96,6 +96,8 @@ class RawRun(TypedDict):
     # how the worker and its server came to exist: "forked" (the study's launcher) or "fresh"
     started: NotRequired[dict[str, str]]
     kv_cache_blocks: NotRequired[int | None]  # the engine's KV cache in blocks, as vLLM sized it
+    model_runner: NotRequired[str]  # "v1" or "v2": the model runner the engine ran (autotune.core.runner)
+    model_runner_from: NotRequired[str]  # where that was read: the server's log, or the engine's config
 
 
 # A measurement (autotune.measure.metrics.measure_run) is a flat dict: metric name -> value, with

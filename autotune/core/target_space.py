@@ -4,10 +4,14 @@ tensor-parallel size where the target runs tensor parallel.
 - A target whose ``config.json`` declares ``quantization_config`` (FP8, AWQ, GPTQ checkpoints) is
   served in that quantization: vLLM reads it from the config. The space's ``quantization`` knob
   would ask for another on top of it (refused by vLLM, or a second lossy change), so it is left out.
-- vLLM takes ``draft_tensor_parallel_size`` in the speculative config, 1 or the target's tensor
-  parallel size (``SpeculativeConfig._verify_and_get_draft_tp``; unset, the target's). A small draft
-  on one GPU skips the all-reduce of every draft step; the space offers both where the target runs
-  tensor parallel and the space has a method with a draft model. Untested on a GPU.
+- ``draft_tensor_parallel_size``: vLLM 0.32's config takes 1 or the target's tensor parallel size
+  (``SpeculativeConfig._verify_and_get_draft_tp``), but no runner honours 1 under tensor parallel:
+  V1's draft proposer refuses a draft TP other than the target's (``DraftModelProposer.
+  _raise_if_draft_tp_mismatch``), V2's draft speculator builds the draft's layers on the target's
+  tensor-parallel group whatever its config says (``StandaloneARSpeculator.load_draft_model``; the
+  layers read ``get_tensor_model_parallel_world_size``), and EAGLE's drafters never read it. So it is
+  not offered (``HONOURED`` is empty for this vLLM), and a space that names it keeps only the
+  target's own size (tests/test_target_space.py holds this to vLLM's code).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from autotune.core.candidate import model_configs
 from autotune.core.space import Param, SearchSpace
 
 DRAFTED = ("draft_model", "eagle", "eagle3")  # methods whose draft is a model of its own (not mtp: the target's layers)
+# The methods whose draft vLLM 0.32 runs on fewer GPUs than the target when asked: none (see above).
+HONOURED: tuple[str, ...] = ()
 
 
 def declared_quantization(model: str) -> str | None:
@@ -42,10 +48,16 @@ def fit_to_target(space: SearchSpace, model: str, *, tensor_parallel: int = 1) -
         notes.append(f"quantization: not searched: {model} is already quantized ({q}, its config's "
                      "quantization_config), and vLLM serves it so")
     methods = next((p.choices or () for p in params if p.name == "method"), ())
-    drafted = tuple(m for m in methods if m in DRAFTED)
-    if tensor_parallel > 1 and drafted and not any(p.name == "draft_tensor_parallel_size" for p in params):
-        params.append(Param("draft_tensor_parallel_size", choices=(tensor_parallel, 1), when={"method": drafted}))
-        notes.append(f"draft_tensor_parallel_size: {tensor_parallel} (the target's) or 1, for {', '.join(drafted)}")
+    honoured = tuple(m for m in methods if m in HONOURED)
+    if tensor_parallel > 1 and honoured and not any(p.name == "draft_tensor_parallel_size" for p in params):
+        params.append(Param("draft_tensor_parallel_size", choices=(tensor_parallel, 1), when={"method": honoured}))
+        notes.append(f"draft_tensor_parallel_size: {tensor_parallel} (the target's) or 1, for {', '.join(honoured)}")
+    dtp = next((p for p in params if p.name == "draft_tensor_parallel_size"), None)
+    if dtp is not None and not honoured and set(dtp.values()) != {tensor_parallel}:
+        params = [p for p in params if p.name != "draft_tensor_parallel_size"]
+        baseline.pop("draft_tensor_parallel_size", None)
+        notes.append(f"draft_tensor_parallel_size: not searched: vLLM 0.32 runs every draft on the target's "
+                     f"{tensor_parallel} GPU(s) whatever it is set to (V1 refuses another size, V2 and EAGLE ignore it)")
     if not notes:
         return space, []
     return replace(space, params=tuple(params), baseline=baseline), notes

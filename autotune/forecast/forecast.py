@@ -119,6 +119,9 @@ class AcceptanceTable:
     # decode step, and the target's tokens past an end-of-sequence: autotune.forecast.eagle3_trace.trace),
     # or None when not traced.
     eagle3: Mapping[str, dict[str, list]] | None = None
+    # The model runner ngram runs on (autotune.core.runner): the baseline's own, as its engine
+    # reported it (ngram needs nothing V2 lacks); V1 for studies that did not record one (CPU).
+    ngram_runner: str = "v1"
     _cache: dict[tuple[Any, ...], Acceptance | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -140,7 +143,8 @@ class AcceptanceTable:
         if p.get("method") == "ngram" and self._pairs and k:
             lo = int(p.get("prompt_lookup_min") or p.get("prompt_lookup_max") or 1)
             hi = int(p.get("prompt_lookup_max") or lo)
-            return ngram_acceptance(self._pairs, k=k, min_n=lo, max_n=hi, max_model_len=self.max_model_len)
+            return ngram_acceptance(self._pairs, k=k, min_n=lo, max_n=hi, max_model_len=self.max_model_len,
+                                    runner=self.ngram_runner)
         if p.get("method") == "draft_model" and self._traces and k:
             return draft_acceptance(self._traces, k=k)
         if p.get("method") == "eagle3" and self._eagle3 and 0 < k <= self._eagle3_depth:

@@ -3,7 +3,8 @@
 Lossless speculation returns the baseline's greedy tokens, and vLLM's ngram proposer is a pure
 function of the tokens so far, so replaying its rule over the baseline's prompt + output says
 what every (k, lookup min, max) would draft and how much of it the target would accept, with no
-engine. A greedy draft model (vLLM's default ``draft_sample_method="greedy"``) sees exactly the
+engine. The rule is the runner's that runs it (autotune.core.runner): V1's on the CPU build, V2's on
+a GPU (another match on ties, and always k tokens). A greedy draft model (vLLM's default ``draft_sample_method="greedy"``) sees exactly the
 target's tokens along an accepted prefix, so one teacher-forced pass of the draft (its argmax at
 every position) gives every depth at once. For sampled requests the same replay over the
 baseline's sampled outputs is an unbiased estimate of the expected acceptance: a deterministic
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core.candidate import package_installed
+from autotune.core.runner import V1, V2
 from autotune.measure import acceptance
 
 Proposer = Callable[[Sequence[int], int], Sequence[int]]  # (context so far, position in output) -> draft
@@ -80,27 +82,18 @@ class Acceptance:
                 "mean_accepted_length": self.mean_accepted_length, "tokens_per_step": self.tokens_per_step}
 
 
-def ngram_proposal(tokens: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int) -> list[int]:
-    """vLLM 0.32's ngram proposal for ``tokens`` (prompt + output so far).
-
-    The same rule as ``_find_longest_matched_ngram_and_propose_tokens`` in
-    ``vllm/v1/spec_decode/ngram_proposer.py``: the longest suffix n-gram of length in [min_n, max_n]
-    that occurs earlier (its earliest occurrence on ties), then up to k tokens that followed it.
-    A KMP prefix function over the reversed tokens, as there.
-    """
+def _longest_match(tokens: Sequence[int], max_n: int, *, rightmost: bool) -> tuple[int, int]:
+    """(n, i): the longest suffix n-gram (n <= max_n) that occurs earlier, and where: the occurrence
+    starts at ``len(tokens) - 1 - i``. A KMP prefix function over the reversed tokens, as vLLM's V1
+    proposer computes it; ties go to the earliest occurrence, or with ``rightmost`` to the latest."""
     total = len(tokens)
-    if total < min_n:
-        return []
-    k = min(k, max_model_len - total)
-    if k <= 0:
-        return []
     rev = tokens[::-1]
     lps = [0] * max_n
     longest, position, prev, i = 0, 0, 0, 1
     while i < total:
         if rev[prev] == rev[i]:
             prev += 1
-            if prev >= longest:
+            if prev > longest or (prev == longest and not rightmost):
                 longest, position = prev, i
             if i < max_n:
                 lps[i] = prev
@@ -111,6 +104,38 @@ def ngram_proposal(tokens: Sequence[int], min_n: int, max_n: int, k: int, max_mo
             prev = lps[prev - 1]
         else:
             i += 1
+    return longest, position
+
+
+def ngram_proposal(tokens: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int,
+                   runner: str = V1) -> list[int]:
+    """vLLM 0.32's ngram proposal for ``tokens`` (prompt + output so far), on the model runner that runs it.
+
+    V1 (the CPU build; a GPU under ``VLLM_USE_V2_MODEL_RUNNER=0``): the same rule as
+    ``_find_longest_matched_ngram_and_propose_tokens`` in ``vllm/v1/spec_decode/ngram_proposer.py``:
+    the longest suffix n-gram of length in [min_n, max_n] that occurs earlier (its earliest
+    occurrence on ties), then up to k tokens that followed it; no match, no draft.
+    V2 (the CUDA build's default): ``NgramGPUSpeculator`` in
+    ``vllm/v1/worker/gpu/spec_decode/ngram/speculator.py``: the longest n-gram too, but its latest
+    occurrence on ties (the scan packs ``n * (L + 1) + pos + 1`` and takes the max), and always k
+    tokens: slots past the tokens that followed the match, and every slot without a match, hold the
+    last token (``tl.where(slot_valid, gathered, last_tok)``). Both capped by the room left in the
+    context, as V1's proposer caps k (near ``max_model_len`` vLLM's scheduler trims either runner's draft).
+    """
+    total = len(tokens)
+    k = min(k, max_model_len - total)
+    if k <= 0 or total == 0:
+        return []
+    if runner == V2:
+        longest, position = _longest_match(tokens, max_n, rightmost=True) if total >= min_n else (0, 0)
+        got: list[int] = []
+        if longest >= min_n:
+            start = total - 1 - position + longest
+            got = list(tokens[start:start + k])
+        return got + [tokens[-1]] * (k - len(got))
+    if total < min_n:
+        return []
+    longest, position = _longest_match(tokens, max_n, rightmost=False)
     if longest < min_n:
         return []
     start = total - 1 - position + longest
@@ -147,11 +172,12 @@ def replay(prompt: Sequence[int], output: Sequence[int], propose: Proposer, k: i
 
 
 def ngram_acceptance(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, k: int, min_n: int, max_n: int,
-                     max_model_len: int) -> Acceptance:
-    """ngram (k, lookup min_n..max_n) over (prompt ids, output ids) pairs."""
+                     max_model_len: int, runner: str = V1) -> Acceptance:
+    """ngram (k, lookup min_n..max_n) over (prompt ids, output ids) pairs, as ``runner`` proposes."""
     total = Acceptance()
     for prompt, output in pairs:
-        total += replay(prompt, output, lambda ctx, _pos: ngram_proposal(ctx, min_n, max_n, k, max_model_len), k)
+        total += replay(prompt, output,
+                        lambda ctx, _pos: ngram_proposal(ctx, min_n, max_n, k, max_model_len, runner), k)
     return total
 
 

@@ -3,13 +3,23 @@
 A speculative decode step of ``c`` requests verifies ``k + 1`` tokens each: ``c * (k + 1)`` tokens.
 vLLM 0.32 runs a step under a captured graph when its token count is at most the largest capture
 size (padded up to the next size); past it, or under cudagraph mode NONE (eager), the step runs
-without graphs and costs more. With FULL decode graphs, vLLM first rounds its capture sizes to
-multiples of ``k + 1`` and drops those above the ceiling (``CompilationConfig.
-adjust_cudagraph_sizes_for_spec_decode``, called from ``resolve_cudagraph_mode_and_sizes`` in the
-GPU worker, after the front end has built its config): ``spec_capture_sizes`` mirrors that rule. A
-PIECEWISE decode mode keeps the sizes as they are. A trial measured with decode outside the graphs
-is slower than the config serves where its batches fit, and is said so. Rule read from vLLM's
-code; untested on a GPU.
+without graphs and costs more. The rule depends on the model runner (autotune.core.runner):
+
+- V1 (``VLLM_USE_V2_MODEL_RUNNER=0``, suffix decoding, EAGLE parallel drafting): with FULL decode
+  graphs vLLM first rounds its capture sizes to multiples of ``k + 1`` and drops those above the
+  ceiling (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``, called from
+  ``resolve_cudagraph_mode_and_sizes`` in the GPU worker, after the front end has built its
+  config), for every graph: ``spec_capture_sizes`` mirrors that rule. A PIECEWISE decode mode keeps
+  the sizes as they are.
+- V2 (the CUDA build's default) skips that rounding (``use_v2_model_runner=True``): its graph manager
+  (``CudaGraphManager._init_candidates``, vllm/v1/worker/gpu/cudagraph_utils.py) captures FULL
+  decode graphs at each size rounded up to a multiple of ``k + 1`` that stays under the ceiling, and
+  its mixed graphs (PIECEWISE under FULL_AND_PIECEWISE; FULL, PIECEWISE) at every size as resolved;
+  a decode step runs under whichever covers its token count (``dispatch``).
+
+A trial measured with decode outside the graphs is slower than the config serves where its batches
+fit, and is said so. Both rules are checked against vLLM's own code on CPU (tests/test_cudagraphs.py);
+untested on a GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 FULL_DECODE = {"FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}  # CUDAGraphMode.decode_mode() == FULL
+SEPARATE = {"FULL_DECODE_ONLY": "NONE", "FULL_AND_PIECEWISE": "PIECEWISE"}  # decode routine apart: the mixed mode
 
 
 def _round_up(x: int, m: int) -> int:
@@ -33,20 +44,36 @@ def spec_capture_sizes(sizes: list[int], ceiling: int, query_len: int) -> list[i
     return rounded
 
 
-def decode_coverage(graphs: dict[str, Any], k: int, batch_sizes: list[int]) -> dict[str, Any]:
+def v2_ceiling(mode: str, sizes: list[int], ceiling: int, query_len: int) -> int:
+    """The most tokens a uniform decode step may have and run under a graph on Model Runner V2."""
+    if mode == "NONE" or not sizes:
+        return 0
+    mixed = SEPARATE.get(mode, mode)  # FULL and PIECEWISE: one routine for every batch, at each size
+    top = max(sizes) if mixed != "NONE" else 0
+    if mode in SEPARATE:  # FULL decode graphs at each size rounded up to k+1, under the ceiling
+        top = max([top, *(r for s in sizes if (r := _round_up(s, query_len)) <= ceiling)])
+    return top
+
+
+def decode_coverage(graphs: dict[str, Any], k: int, batch_sizes: list[int], runner: str | None = None
+                    ) -> dict[str, Any]:
     """Which of ``batch_sizes`` (requests decoding together) run their decode step under graphs.
 
     ``graphs``: ``{"mode": CUDAGraphMode name, "capture_sizes": [...], "max_capture_size": int}`` as
-    the trial's engine resolved them (autotune.run.served_engine.resolved_cudagraphs).
+    the trial's engine resolved them (autotune.run.served_engine.resolved_cudagraphs); ``runner``:
+    the model runner the engine ran ("v1", "v2"; None: V1, what trials recorded before runners were).
     """
     mode, q = str(graphs.get("mode") or "NONE"), k + 1
     sizes = [int(s) for s in graphs.get("capture_sizes") or []]
     ceiling = int(graphs.get("max_capture_size") or (max(sizes) if sizes else 0))
-    if mode in FULL_DECODE:
-        sizes = spec_capture_sizes(sizes, ceiling, q)
-    top = max(sizes) if sizes and mode != "NONE" else 0
+    if runner == "v2":
+        top = v2_ceiling(mode, sizes, ceiling, q)
+    else:
+        if mode in FULL_DECODE:
+            sizes = spec_capture_sizes(sizes, ceiling, q)
+        top = max(sizes) if sizes and mode != "NONE" else 0
     outside = sorted({c for c in batch_sizes if c * q > top})
-    return {"mode": mode, "query_len": q, "ceiling": top, "outside": outside}
+    return {"mode": mode, "query_len": q, "ceiling": top, "outside": outside, "runner": runner or "v1"}
 
 
 def coverage_line(cov: dict[str, Any]) -> str | None:

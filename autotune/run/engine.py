@@ -20,8 +20,8 @@ from autotune.run.hardware import vllm_version
 from autotune.run.replay import (Phase, measure_windows, prompt_text,
                                   replay_requests, sampled_draws, score_greedy)
 
-from autotune.run.served_engine import (PER_POS, PREEMPTIONS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, resolved_cudagraphs,  # noqa: F401
-                                    resolved_speculation,
+from autotune.run.served_engine import (PER_POS, PREEMPTIONS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, model_runner,  # noqa: F401
+                                    resolved_cudagraphs, resolved_speculation,
                                     token_budget)
 
 
@@ -140,6 +140,10 @@ class InProcess:
     def speculation(self) -> dict[str, Any] | None:
         return resolved_speculation(getattr(self.engine, "vllm_config", None))
 
+    def model_runner(self) -> dict[str, str] | None:
+        """The model runner this engine runs, from its config as vLLM resolved it."""
+        return model_runner(getattr(self.engine, "vllm_config", None))
+
     def dtype(self) -> str | None:
         """The dtype vLLM resolved ("auto" included): the near-tie threshold's (autotune.measure.nearties)."""
         config = getattr(getattr(self.engine, "vllm_config", None), "model_config", None)
@@ -191,6 +195,7 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         dtype = engine.dtype() if hasattr(engine, "dtype") else None  # the served instrument does not say
         kv_blocks = await engine.kv_cache_blocks()
         graphs = _cudagraphs(engine)
+        runner = engine.model_runner()  # read from the engine, never predicted (autotune.core.runner)
     finally:
         await engine.shutdown()
     from autotune.run import launcher
@@ -202,7 +207,8 @@ async def _run(job: Job, phase: Phase) -> RawRun:
     return {"engine_init_s": init_s, "started": started, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
             "speculative_config": ran, "instrument": replay.get("instrument", "inprocess"), "kv_cache_blocks": kv_blocks,
-            **({"dtype": dtype} if dtype else {}), **({"cudagraphs": graphs} if graphs else {})}
+            **({"dtype": dtype} if dtype else {}), **({"cudagraphs": graphs} if graphs else {}),
+            **({"model_runner": runner["runner"], "model_runner_from": runner["from"]} if runner else {})}
 
 
 def _cudagraphs(engine: Any) -> dict[str, Any] | None:

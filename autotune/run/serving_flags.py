@@ -41,9 +41,18 @@ def _quiet_import() -> Iterator[None]:
         os.environ.update(before)
 
 
+def _cli_args() -> Any:
+    """vLLM's serve argument module: vllm.entrypoints.launchers.cli_args (0.32), common.cli_args (0.33)."""
+    try:
+        import vllm.entrypoints.launchers.cli_args as cli_args
+    except ImportError:
+        import vllm.entrypoints.common.cli_args as cli_args  # type: ignore[no-redef]
+    return cli_args
+
+
 def _parser() -> Any:
     with _quiet_import():
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        make_arg_parser = _cli_args().make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
@@ -107,14 +116,18 @@ def parse(model: str, argv: list[str] | tuple[str, ...] = (), serve_config: Path
     parser = _parser()
     full = [model, *(["--config", str(serve_config)] if serve_config is not None else []), *argv]
     values, args = _non_default(parser, full)
+    args.model = model  # as `vllm serve MODEL` does (ServeSubcommand.cmd): every check sees the user's model
     with _quiet_import():
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+        validate_parsed_serve_args = _cli_args().validate_parsed_serve_args
     try:
         validate_parsed_serve_args(args)
         AsyncEngineArgs.from_cli_args(args)
     except Exception as e:  # noqa: BLE001 - vLLM's own refusal of a value (VLLMValidationError, ValueError, ...)
-        raise BadInput(f"serving flags ({source}): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        said = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if type(e).__name__ == "LocalEntryNotFoundError":  # HF_HUB_OFFLINE: vLLM resolves the model from the cache
+            said = f"model {model}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set ({said})"
+        raise BadInput(f"serving flags ({source}): {said}") from None
     # The served command renders them (autotune.serve.export.serve_argv): each must come back the same.
     # (A flag autotune sets itself is refused by name: autotune.core.serving_flags.collisions.)
     carried = {k: v for k, v in values.items() if k not in OWNED and k not in DUPLICATES}

@@ -102,3 +102,11 @@ def trial_timeout(view: StudyView, cfg: StudyConfig) -> float:
     base = view.baseline
     wall = base.user_attrs.get(attrs.WALL_S) if base is not None else None
     return max(cfg.trial_timeout_s, TIMEOUT_FACTOR * float(wall)) if wall else cfg.trial_timeout_s
+
+
+def baseline_timed_out(limit: float, cfg: StudyConfig) -> str:
+    """The clause a timed-out baseline's failure ends with: the time it had, where that came from, and
+    the flag that gives it more (a timed-out baseline ends the study)."""
+    how = ("set by --trial-timeout" if not cfg.timeout_from_baseline
+           else "sized from the model and platform, autotune.run.model_fetch")
+    return f"; the baseline had {limit:.0f} s ({how}): give it more with --trial-timeout SECONDS"

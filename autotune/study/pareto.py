@@ -176,6 +176,7 @@ def trials_frame(view: StudyView) -> pd.DataFrame:
         row["goodput"] = m.get("goodput")
         row["slo_missed"] = ", ".join(ua.get(attrs.SLO_MISSED, [])) or None
         row["noisy"] = m.get("noisy")
+        row["model_runner"] = m.get("model_runner")  # v1 or v2, as the trial's engine ran (autotune.core.runner)
         row["cudagraph_outside"] = " ".join(map(str, (m.get("cudagraph_decode") or {}).get("outside", []))) or None
         row["failure"] = ua.get(attrs.FAILURE) or (f"pruned: {ua[attrs.PRUNED_WHY]}" if pruned else None)
         row["wall_s"] = ua.get(attrs.WALL_S)

@@ -24,7 +24,7 @@ from autotune.study.trials import SCHEDULE_KEY, counts, trial_dir
 from autotune.study.strategy import forecast_for
 from autotune.study.view import StudyView
 from autotune.run.worker import PRUNED, TrialOutcome, explain, run_trial
-from autotune.study.budget import trial_timeout
+from autotune.study.budget import baseline_timed_out, trial_timeout
 from autotune.core.workload import Workload
 
 
@@ -73,7 +73,8 @@ def _other_baseline(view: StudyView, number: int) -> int | None:
 def _reference(view: StudyView) -> Reference:
     ua = view.baseline.user_attrs
     return Reference(ua.get(attrs.OUTPUTS, []), ua.get(attrs.SAMPLES, {}), ua.get(attrs.SCORES, {}),
-                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())))
+                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())),
+                     runner=attrs.measurement(view.baseline).get("model_runner"))
 
 
 def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Candidate, workload: Workload,
@@ -101,10 +102,11 @@ def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
                 why.append(reason)
                 prune.set()
 
+    limit = trial_timeout(view, cfg)
     try:
         # Heartbeats (RDB storages) tell other workers this trial is alive; Optuna's own thread does it.
         with heartbeat(study, trial):
-            outcome = run_trial(job, trial_dir(cfg.results_dir, n), timeout_s=trial_timeout(view, cfg), env=env,
+            outcome = run_trial(job, trial_dir(cfg.results_dir, n), timeout_s=limit, env=env,
                                 stop=stop, on_event=on_event, prune=prune)
     except KeyboardInterrupt:
         mark_interrupted(study, trial, "interrupted by the user")  # --resume measures it again
@@ -115,6 +117,8 @@ def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
         study.tell(trial, state=TrialState.PRUNED)
         progress.trial_finished(n, cand.label, f"pruned after its first window: {why[0]}")
         return
+    if is_base and outcome.failure and outcome.failure.startswith("timeout"):
+        outcome = replace(outcome, failure=outcome.failure + baseline_timed_out(limit, cfg))
     summary = _record(study, view, trial, cand, outcome, job, cfg, reference)
     if attrs.REMEASURE_OF in trial.user_attrs:
         summary = f"fresh engine, pooled with trial {trial.user_attrs[attrs.REMEASURE_OF]}: {summary}"
