@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # --confirm: then serve the pick as exported and measure it with vllm bench serve (autotune confirm).
-exec .venv/bin/autotune search examples/json_edit.jsonl --space quick --trials 8 --study demo --confirm "$@"
+exec .venv/bin/autotune search examples/json_edit.jsonl --space quick --candidates 8 --study demo --confirm "$@"

@@ -83,13 +83,13 @@ if [ "$PLATFORM" = cuda ]; then
   WL="$OUT/smoke_sampled.jsonl"  # the smoke edits and one sampled request (temperature 0.8): the distribution test runs
   { cat examples/smoke.jsonl; "$PY" -c "import json; r = json.loads(open('examples/smoke.jsonl').readline()); \
 print(json.dumps({**r, 'id': 'sampled-0', 'temperature': 0.8, 'top_p': 0.95}))"; } > "$WL"
-  ARGS=(--space gpu --dtype bfloat16 --trials 4 --no-remeasure --concurrency 4
+  ARGS=(--space gpu --dtype bfloat16 --candidates 4 --no-remeasure --concurrency 4
         --try '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
         --try '{"method": "eagle3", "num_speculative_tokens": 3, "cudagraph_mode": "PIECEWISE"}'
         --try '{"method": "none", "kv_cache_dtype": "fp8", "quantization": "fp8"}')
   N=4; LOSSLESS=ngram,eagle3
 else
-  ARGS=(--space quick --trials 2 --no-remeasure --repeats 1 --max-repeats 0 --warmup 0 --samples 0 --concurrency 4
+  ARGS=(--space quick --candidates 2 --no-remeasure --repeats 1 --max-repeats 0 --warmup 0 --samples 0 --concurrency 4
         --try '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}')
   N=2; LOSSLESS=ngram
 fi
@@ -126,7 +126,7 @@ fi
 step "tensor parallel 2"
 if [ "$GPUS_N" -ge 2 ]; then
   expect "with two GPUs: a 2-trial study (baseline, ngram k=3) with -- --tensor-parallel-size 2, both COMPLETE and ngram correct; vLLM's 'non-default args' line in each server.log says tensor_parallel_size 2"
-  "${AT[@]}" search examples/smoke.jsonl --space gpu --dtype bfloat16 --trials 2 --no-remeasure --results "$OUT" \
+  "${AT[@]}" search examples/smoke.jsonl --space gpu --dtype bfloat16 --candidates 2 --no-remeasure --results "$OUT" \
     --study smoke_tp2 --try '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}' \
     -- --tensor-parallel-size 2 > "$OUT/search_tp2.log" 2>&1
   [ -f "$OUT/smoke_tp2/trials.csv" ] || surprise "no trials.csv at tensor parallel 2 (log $OUT/search_tp2.log)"

@@ -188,7 +188,7 @@ def test_a_config_queued_past_the_budget_is_said_to_be_left_out(tmp_path, monkey
     r = _fake_search(tmp_path, monkeypatch, "search", "examples/smoke.jsonl", "--space", "tests/data/fake_space.yaml",
                      "--trials", "2", "--try", tries[0], "--try", tries[1])
     assert r.exit_code == 0, r.output
-    assert ("left out: ngram k=3 (queued, but the --trials budget of 2 is used; --resume with a larger --trials "
+    assert ("left out: ngram k=3 (queued, but the --candidates budget of 2 is used; --resume with a larger --candidates "
             "measures it)") in r.stdout.splitlines()
     report = json.loads((tmp_path / "smoke" / "best.json").read_text())
     assert report["trials"]["left_out"] == ["ngram k=3"]

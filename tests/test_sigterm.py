@@ -42,7 +42,8 @@ def test_sigterm_ends_the_running_trial_and_the_study_resumes(tmp_path):
     while pid is None and time.monotonic() < deadline and proc.poll() is None:
         pid = _worker_pid(job) if job.exists() else None
         time.sleep(0.2)
-    assert pid is not None, "the baseline's worker never started"
+    assert pid is not None, ("the baseline's worker never started", proc.poll(),
+                             proc.stdout.read() if proc.poll() is not None else "")
     os.kill(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     try:  # nothing of the worker's process group is left (its own session: only the parent can end it)

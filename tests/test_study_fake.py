@@ -264,8 +264,8 @@ def test_configs_queued_past_the_budget_are_left_out_aloud_and_the_remeasurement
     left = [x for x in t if "left_out" in x.user_attrs]
     assert [(x.user_attrs["label"], x.state) for x in left] == [("ngram k=4", TrialState.PRUNED)]
     assert notes.notes == [left[0].user_attrs["left_out"]]
-    assert notes.notes[0] == ("left out: ngram k=4 (queued, but the --trials budget of 3 is used; "
-                              "--resume with a larger --trials measures it)")
+    assert notes.notes[0] == ("left out: ngram k=4 (queued, but the --candidates budget of 3 is used; "
+                              "--resume with a larger --candidates measures it)")
     # The queue did not starve the holdout of the pick and the baseline (the figure's: autotune.study.holdout).
     held = [x for x in t if x.user_attrs.get("role") == "holdout"]
     assert len(held) == 2 * c.pairs and all(x.state == TrialState.COMPLETE for x in held)

@@ -33,6 +33,7 @@ LEFT_OUT = {
     "loop.py": "the ask/tell loop: it builds the views it passes down, and reads a trial it just asked",
     "optuna_private.py": "Optuna's private API (heartbeats, stale trials), tests/test_optuna_private.py",
     "importance.py": "Optuna's importance evaluator takes a real Study, which it loads from the storage file",
+    "plan.py": "reads no study: the plan is a function of the study's config alone",
 }
 STUDY_NAMES = {"study", "st"}  # what the floor calls an Optuna study
 WRITES = {"ask", "tell", "enqueue_trial", "set_user_attr", "add_trial"}  # what may be done through one

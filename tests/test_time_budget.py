@@ -46,7 +46,7 @@ def test_the_study_ends_within_its_time_budget_with_a_re_measured_pick(tmp_path,
     report = json.loads((tmp_path / "res" / "smoke" / "best.json").read_text())
     assert report["best"] and report["figure"]["status"] == "measured", report["figure"]  # its two holdout rounds ran
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("time budget:"))
-    assert f"of the {trials} --trials measured, {trials - len(in_budget)} left out" in line
+    assert f"of the {trials} --candidates measured, {trials - len(in_budget)} left out" in line
     assert report["strategy"]["stopped"] == line
 
 

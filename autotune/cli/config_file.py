@@ -1,6 +1,6 @@
 """`search --config FILE`: a YAML file of search's own options, as `vllm serve --config` takes vLLM's.
 
-Keys are the long options without dashes (`trials: 8`, `space: quick`, `past-edge: false`; `_` and
+Keys are the long options without dashes (`candidates: 8`, `space: quick`, `past-edge: false`; `_` and
 `-` alike), and `workload`. The file fills the command's default_map, so a flag given on the
 command line, or an option's AUTOTUNE_* environment variable, still wins over it.
 """
@@ -41,7 +41,7 @@ def load_config(ctx: typer.Context, value: Path | None) -> Path | None:
         param = params.get(str(key).replace("_", "-"))
         if param is None:
             raise BadInput(f"--config {value}: key {key!r} is not an option of `autotune {ctx.info_name}` "
-                           f"(expected long options without dashes, e.g. trials, space, strategy)")
+                           f"(expected long options without dashes, e.g. candidates, space, strategy)")
         try:  # the option's own conversion and range, as the command line gets them
             param.get_runtime_param().coerce(raw, param=param, ctx=ctx)
         except typer.BadParameter as e:

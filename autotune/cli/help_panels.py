@@ -30,7 +30,7 @@ SEARCH_PANELS: dict[str, str] = {
     "model": MODEL, "draft_model": MODEL, "eagle3_head": MODEL, "eagle_head": MODEL, "trust_remote_code": MODEL,
     "max_model_len": MODEL, "dtype": MODEL, "gpu_memory_utilization": MODEL, "launcher": MODEL,
     "serve_config": MODEL,
-    "config": SEARCH, "space": SEARCH, "trials": SEARCH, "strategy": SEARCH, "try_": SEARCH, "resume": SEARCH,
+    "config": SEARCH, "space": SEARCH, "candidates": SEARCH, "trials": SEARCH, "strategy": SEARCH, "try_": SEARCH, "resume": SEARCH,
     "warm_start": SEARCH, "workers": SEARCH, "past_edge": SEARCH, "prune": SEARCH, "schedule": SEARCH,
     "seed": SEARCH, "time_budget": SEARCH,
     "objectives": MEASUREMENT, "slo": MEASUREMENT, "instrument": MEASUREMENT, "repeats": MEASUREMENT,
@@ -46,7 +46,7 @@ SEARCH_PANELS: dict[str, str] = {
 # share, the load levels, the time budget; --concurrency (one level: --levels N), --try, --slo and
 # --serve-config (flags after -- do the same) are on --help-all.
 DAY_ONE = frozenset({"format", "levels", "model", "draft_model", "eagle3_head", "trust_remote_code",
-                     "max_model_len", "dtype", "gpu_memory_utilization", "config", "space", "trials", "strategy",
+                     "max_model_len", "dtype", "gpu_memory_utilization", "config", "space", "candidates", "strategy",
                      "time_budget", "objectives", "max_drift", "results", "confirm", "help_all_"})
 
 

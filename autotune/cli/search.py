@@ -250,13 +250,18 @@ def run_search(o: SearchOptions, say: Console, *, verbose: bool = False) -> dict
     if o.warm_start is not None:
         deployed, more = warm_start(o.warm_start, p.space, p.cfg.settings, p.workload.path, say)
         enqueue += more
+    from autotune.measure.sequential import MAX_ROUNDS
+    from autotune.study.plan import plan_of
+
+    study_plan = plan_of(p.cfg, deployed=deployed is not None, confirm_rounds=MAX_ROUNDS if o.confirm else 0)
+    say.print(study_plan.line(), highlight=False, soft_wrap=True)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=say, transient=True) as progress:
         task = progress.add_task("starting", total=p.cfg.n_trials)
         show = RichProgress(progress, task, p.cfg.results_dir if verbose else None, load=p.cfg.load.label)
         st = run_study(p.cfg, p.workload, p.space, progress=show, resume=o.resume, enqueue=enqueue,
-                       deployed=deployed, worker_envs=p.envs)
+                       deployed=deployed, worker_envs=p.envs, study_plan=study_plan)
     if o.warm_start is not None:
         st.set_user_attr(attrs.WARM_START, {"from": str(o.warm_start)})
     return write_results(st, p.cfg.results_dir, settings=p.cfg.settings, platform=hardware.describe(),

@@ -33,13 +33,13 @@ INSTRUMENT_HELP = ("How each trial is measured: served (the candidate's exported
 
 
 @app.command(cls=PanelledCommand, epilog="Examples:\n\n  autotune search examples/json_edit.jsonl\n\n"
-             "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --space gpu --trials 30\n\n"
+             "  autotune search traffic.jsonl --model meta-llama/Llama-3.1-8B-Instruct --candidates 30\n\n"
              "  autotune search traffic.jsonl --model M -- --tensor-parallel-size 2 --enable-prefix-caching")
 def search(
     workload: Annotated[Path, typer.Argument(help="Workload JSONL (native form; see README).")],
     config: Annotated[Optional[Path], typer.Option(
         metavar="FILE", is_eager=True, callback=load_config,
-        help="YAML of these options (trials: 8, space: quick); flags given here win.")] = None,
+        help="YAML of these options (candidates: 8, space: quick); flags given here win.")] = None,
     help_all_: Annotated[bool, typer.Option("--help-all", is_eager=True, callback=help_all, expose_value=False,
                                             help="Show every option, the expert ones too, and exit.")] = False,
     model: Annotated[Optional[str], typer.Option(help="Target model (path or HF id). Default: the bundled demo pair.",
@@ -58,7 +58,9 @@ def search(
     turns: Annotated[Optional[str], typer.Option(metavar=choices(Turns), help=_TURNS_HELP)] = None,
     drop_too_long: Annotated[bool, typer.Option(help="Leave out requests whose prompt + max_tokens exceed the "
                                                      "model's context (default: refuse them, exit 2).")] = False,
-    trials: Annotated[int, typer.Option(min=1, help="Trials to finish at most, the baseline included.")] = 8,
+    candidates: Annotated[Optional[int], typer.Option(min=1, help="Candidates to measure (default 8); the plan "
+                                                      "line says what runs on top.")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, hidden=True, help="The old name of --candidates.")] = None,
     strategy: Annotated[str, typer.Option(metavar=choices(Strategy), help="How candidates are chosen: predict (forecast each from the "
                                                "baseline's tokens, measure what can win), grid (in order), tpe or "
                                                "random (Optuna's samplers).")] = "predict",
@@ -154,10 +156,9 @@ def search(
                                          help="Trials run in parallel, each on its own share of this host's "
                                               "devices (GPUs, or CPU cores). More hosts: run search on each with "
                                               "the same --study and --storage (and --resume to join).")] = 1,
-    confirm: Annotated[bool, typer.Option("--confirm/--no-confirm", help="Then serve the pick as exported and "
-                                          "the baseline, 3 rounds a side, measured with vllm bench serve "
-                                          "(autotune confirm): best.json gets the served speedup beside the "
-                                          "claim.")] = False,
+    confirm: Annotated[bool, typer.Option("--confirm/--no-confirm", help="Then serve the pick and the baseline "
+                                          "as exported, in rounds until 10% resolution (autotune confirm): "
+                                          "the served speedup is the pick's figure.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the results (best.json) as JSON on stdout; "
                                                        "progress goes to stderr.")] = False,
     serve_config: Annotated[Optional[Path], typer.Option(
@@ -174,9 +175,13 @@ def search(
     """Search for the fastest correct vLLM config for WORKLOAD and write results/<study>/."""
     from autotune.cli.search import SearchOptions, run_search
 
+    if trials is not None:  # the old name keeps working, said once
+        err.print("[yellow]note:[/yellow] --trials is now --candidates (it counts candidates; the plan line says "
+                  "the engine runs in all)", highlight=False)
+        candidates = candidates or trials
     opts = SearchOptions(workload=workload, model=model, draft_model=draft_model, eagle_head=eagle_head,
                          eagle3_head=eagle3_head, space=space, format=_workload_format(format), output_len=output_len,
-                         turns=_turns(turns), drop_too_long=drop_too_long, trials=trials,
+                         turns=_turns(turns), drop_too_long=drop_too_long, trials=candidates or 8,
                          strategy=_choice(Strategy, strategy, "--strategy").value, remeasure=remeasure, pairs=pairs, past_edge=past_edge, prune=prune, schedule=schedule,
                          launcher=launcher,
                          instrument=_instrument(instrument),

@@ -52,7 +52,7 @@ SCHEDULE = "schedule"  # the pick's method with a depth per batch size (autotune
 # After the choice is final: the pick, the baseline (and a warm start's deployed config) on fresh engines,
 # side by side in rounds; the pick's figure comes from these alone, and they never change the choice.
 HOLDOUT = "holdout"
-OUTSIDE_BUDGET = (REMEASURE, DEPTH, SCHEDULE, HOLDOUT)  # roles measured on top of --trials
+OUTSIDE_BUDGET = (REMEASURE, DEPTH, SCHEDULE, HOLDOUT)  # roles measured on top of --candidates
 
 # Study attributes.
 OBJECTIVES = "objectives"

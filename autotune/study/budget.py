@@ -1,7 +1,7 @@
 """Wall-clock bounds of a study: ``--time-budget`` and trial timeouts sized from the baseline.
 
 At GPU scale one engine start (weights, torch.compile, graph capture) takes minutes, so a study is
-bounded by time as well as by ``--trials``. The rule: a new candidate starts only while the time
+bounded by time as well as by ``--candidates``. The rule: a new candidate starts only while the time
 left holds one more trial and the first two holdout rounds of the pick (four fresh engines: the pick
 and the baseline twice, the fewest pairs an interval rests on), each costed at the median wall time
 of the trials measured so far; those always run, so the study ends with a figure, and later work
@@ -86,11 +86,11 @@ def extra_allowed(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
 
 
 def left_out_line(view: StudyView, cfg: StudyConfig, clock: Clock) -> str:
-    """One line: the time budget ended the search, with how much of --trials was left."""
+    """One line: the time budget ended the search, with how much of --candidates was left."""
     done = len([t for t in view.in_state(TrialState.COMPLETE, TrialState.FAIL)
                 if attrs.role(t) not in attrs.OUTSIDE_BUDGET])
     return (f"time budget: {clock.budget_s / 60:g} min, {clock.elapsed() / 60:.1f} used; {done} of the {cfg.n_trials} "
-            f"--trials measured, {max(cfg.n_trials - done, 0)} left out (a larger --time-budget with --resume "
+            f"--candidates measured, {max(cfg.n_trials - done, 0)} left out (a larger --time-budget with --resume "
             "measures them); the pick is the best measured so far")
 
 

@@ -37,6 +37,7 @@ from autotune.run import launcher
 from autotune.study import budget
 
 from autotune.study.opening import describe, open_study, queue_first
+from autotune.study.plan import Plan
 from autotune.study.record import duplicate_of, mark_interrupted, run_one
 from autotune.study.remeasure import extra_work
 
@@ -72,13 +73,15 @@ def _retry_interrupted(study: optuna.Study, view: StudyView, *, left_out: bool =
 def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
               progress: Progress | None = None, resume: bool = False,
               enqueue: list[dict[str, Any]] = (), deployed: dict[str, Any] | None = None,
-              worker_envs: list[dict[str, str]] = ({},)) -> optuna.Study:
+              worker_envs: list[dict[str, str]] = ({},), study_plan: Plan | None = None) -> optuna.Study:
     """Run (or continue, or join) the study until ``n_trials`` trials have finished.
 
     ``enqueue``: parameter sets to measure first, right after the baseline (Optuna ``enqueue_trial``).
     ``deployed``: the deployed config's parameters (a warm start): measured first of all after the
     baseline, as role "deployed", so that `autotune check` compares the new pick with it in one run.
     ``worker_envs``: one worker thread each, with that environment for its trials (its device set).
+    ``study_plan``: what the study said it would run (autotune.study.plan): once the baseline is measured, the
+    time it takes at the baseline's pace is said in one line.
     Other processes may work on the same study (same name and storage) at the same time.
     """
     progress = progress or Quiet()
@@ -98,21 +101,23 @@ def run_study(cfg: StudyConfig, workload: Workload, space: SearchSpace, *,
     # so a study of another engine module (the tests' fake one) is not worth its start
     with launcher.active(cfg.launcher and cfg.engine_module == launcher.REAL_ENGINE):
         if len(worker_envs) == 1:
-            _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None, clock=clock)
+            _work(study, cfg, workload, space, progress, env=worker_envs[0], thread=0, stop=None, clock=clock,
+                  study_plan=study_plan)
         else:
-            _threads(study, cfg, workload, space, progress, worker_envs, clock)
+            _threads(study, cfg, workload, space, progress, worker_envs, clock, study_plan)
     return study
 
 
 def _threads(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
-             worker_envs: list[dict[str, str]], clock: budget.Clock) -> None:
+             worker_envs: list[dict[str, str]], clock: budget.Clock, study_plan: Plan | None = None) -> None:
     """One worker thread per device environment, until the budget is used or Ctrl-C."""
     stop, errors = threading.Event(), []
     done = [threading.Event() for _ in worker_envs]
 
     def work(i: int) -> None:
         try:
-            _work(study, cfg, workload, space, progress, env=worker_envs[i], thread=i, stop=stop, clock=clock)
+            _work(study, cfg, workload, space, progress, env=worker_envs[i], thread=i, stop=stop, clock=clock,
+                  study_plan=study_plan if i == 0 else None)
         except KeyboardInterrupt:
             pass  # stop was set: the trial in hand is marked interrupted
         except BaseException as e:  # a failed baseline ends every worker, as it ends a single one
@@ -138,7 +143,8 @@ def _threads(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: S
 
 
 def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: SearchSpace, progress: Progress,
-          *, env: dict[str, str], thread: int, stop: threading.Event | None, clock: budget.Clock) -> None:
+          *, env: dict[str, str], thread: int, stop: threading.Event | None, clock: budget.Clock,
+          study_plan: Plan | None = None) -> None:
     """One worker: ask, measure, tell, until the study's budget (trials, or time) is used (by every worker together)."""
     asks = duplicates = 0
     timed_out = ""  # the line that said the time budget ended the search, once said
@@ -224,6 +230,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         if is_base and (after := StudyView.of(study)).baseline is None:
             reason = after.trial(trial.number).user_attrs.get(attrs.FAILURE, "unknown")
             raise StudyFailed(f"the baseline trial failed, nothing to compare against: {reason}")
+        if is_base and study_plan is not None and (wall := after.baseline.user_attrs.get(attrs.WALL_S)):
+            progress.note(study_plan.pace(float(wall)))
     why = (f"{duplicates} of {asks} asks drew a config already measured, with {len(StudyView.of(study).finished)} "
            f"of the {cfg.n_trials} trials used: the space may hold no new config for this sampler")
     study.set_user_attr(attrs.STOPPED, why)
@@ -236,7 +244,7 @@ def _extra(study: optuna.Study, view: StudyView, space: SearchSpace, cfg: StudyC
 
 
 def _queued_in_budget(view: StudyView) -> bool:
-    """Configs waiting in the queue that would use the --trials budget (not a schedule's, not a re-measurement)."""
+    """Configs waiting in the queue that would use the --candidates budget (not a schedule's, not a re-measurement)."""
     return any(attrs.role(t) not in attrs.OUTSIDE_BUDGET for t in view.waiting)
 
 
@@ -249,7 +257,7 @@ def _leave_out(study: optuna.Study, trial: optuna.Trial, cand: Candidate, cfg: S
     if role in (BASELINE, attrs.EXTRA_BASELINE, *attrs.OUTSIDE_BUDGET) or not queued:
         return False
     used = "the --time-budget is used; --resume with a larger --time-budget" if timed_out else \
-        f"the --trials budget of {cfg.n_trials} is used; --resume with a larger --trials"
+        f"the --candidates budget of {cfg.n_trials} is used; --resume with a larger --candidates"
     why = f"left out: {cand.label} (queued, but {used} measures it)"
     trial.set_user_attr(attrs.LEFT_OUT, why)
     study.tell(trial, state=TrialState.PRUNED)

@@ -1,4 +1,4 @@
-"""What comes on top of the candidates (--trials), in this order: a depth schedule's measurements (two
+"""What comes on top of the candidates (--candidates), in this order: a depth schedule's measurements (two
 or more load levels), the selection rounds that end the selection phase (autotune.study.select), then
 the holdout the pick's figure comes from (autotune.study.holdout). Choose, then estimate: nothing
 queued after the choice is final can change it."""

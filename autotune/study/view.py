@@ -76,7 +76,7 @@ class StudyView:
 
     @property
     def finished(self) -> list[FrozenTrial]:
-        """The trials that used the --trials budget (fresh-engine re-measurements and a depth
+        """The trials that used the --candidates budget (fresh-engine re-measurements and a depth
         schedule's measurements do not)."""
         return [t for t in self.trials if counts(t) and attrs.role(t) not in attrs.OUTSIDE_BUDGET]
 
