@@ -106,7 +106,7 @@ def _refusals(tmp_path):
     qwen.mkdir()
     (qwen / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     ok = _head(tmp_path, speculators_config(), HEAD_TENSORS, "ok")
-    peagle = _head(tmp_path, {**speculators_config(), "speculators_model_type": "peagle"}, HEAD_TENSORS, "peagle")
+    dflash = _head(tmp_path, {**speculators_config(), "speculators_model_type": "dflash"}, HEAD_TENSORS, "dflash")
     two = _head(tmp_path, speculators_config(num_hidden_layers=2), HEAD_TENSORS, "two")
     yarn = _head(tmp_path, speculators_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}), HEAD_TENSORS, "yarn")
     no_head = _head(tmp_path, speculators_config(), {"layers.0.self_attn.q_proj.weight": [4096, 8192], "d2t": [32000]},
@@ -116,7 +116,7 @@ def _refusals(tmp_path):
     return [("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", target, "neither a local folder nor in the local Hugging Face cache"),
             (str(ok), str(qwen), "loads Llama targets only"),
             (str(ok), "meta-llama/Llama-3.1-8B-Instruct", "the target meta-llama/Llama-3.1-8B-Instruct is neither"),
-            (str(peagle), target, "a speculators-format 'peagle' head (parallel or block drafting)"),
+            (str(dflash), target, "a speculators-format 'dflash' drafter; the trace follows EAGLE-3 heads only"),
             (str(two), target, "2 decoder layers; the trace runs one-layer heads"),
             (str(yarn), target, "RoPE 'yarn'; the trace computes default and llama3"),
             (str(no_head), target, "drafts over 32000 tokens (draft_vocab_size) but has no lm_head of its own"),

@@ -8,7 +8,9 @@ Two layouts reach vLLM's ``Eagle3LlamaForCausalLM`` (vllm/model_executor/models/
 - the speculators format (vllm-project/speculators, RedHatAI/*speculator.eagle3): config.json holds
   ``speculators_config`` and ``transformer_layer_config``; vLLM builds the layer config from the
   latter plus the algorithm's fields (vllm/transformers_utils/configs/speculators/algos.py
-  ``update_eagle3``: ``norm_before_residual`` defaults to True there), tensors ``layers.0.*``.
+  ``update_eagle3``: ``norm_before_residual`` defaults to True there; ``update_peagle``, a head trained
+  for parallel drafting, which vLLM chains like any other unless ``parallel_drafting`` is set), tensors
+  ``layers.0.*``.
 
 Either may carry its own ``lm_head`` over a draft vocabulary (``draft_vocab_size``) smaller than the
 target's, with ``d2t`` (draft id -> offset to the target id: vLLM's ``draft_id_to_target_id``;
@@ -128,15 +130,15 @@ def read_head(folder: Path) -> HeadFormat | str:
         return f"no readable config.json ({type(e).__name__})"
     if raw.get("speculators_config") is not None:
         kind = raw.get("speculators_model_type")
-        if kind != "eagle3":
-            return f"a speculators-format {kind!r} head (parallel or block drafting); the trace follows eagle3 chains only"
+        if kind not in ("eagle3", "peagle"):  # peagle: a P-EAGLE head, which vLLM chains unless parallel_drafting
+            return f"a speculators-format {kind!r} drafter; the trace follows EAGLE-3 heads only"
         layer = dict(raw.get("transformer_layer_config") or {})
         if layer.get("model_type", "llama") != "llama":
             return f"a speculators head over a {layer.get('model_type')!r} layer; the trace runs Llama layers only"
         cfg = {**layer, "draft_vocab_size": raw.get("draft_vocab_size"),
                "target_hidden_size": raw.get("target_hidden_size") or layer.get("hidden_size"),
                "eagle_aux_hidden_state_layer_ids": raw.get("eagle_aux_hidden_state_layer_ids")}
-        flags = {"norm_before_residual": bool(raw.get("norm_before_residual", True)),
+        flags = {"norm_before_residual": bool(raw.get("norm_before_residual", kind == "eagle3")),
                  "norm_before_fc": bool(raw.get("norm_before_fc", False)), "fc_norm": bool(raw.get("fc_norm", False)),
                  "norm_output": bool(raw.get("norm_output", False))}
         layout = "speculators"

@@ -42,7 +42,13 @@ REPLAYED = ("ngram", "draft_model", "suffix", "eagle3")  # methods whose accepta
 SCHEDULED = ("ngram", "draft_model")
 SUFFIX_KEYS = tuple(SUFFIX_DEFAULTS)
 # What acceptance reads.
-SHAPE = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_KEYS)
+SHAPE = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_KEYS,
+         "parallel_drafting")
+# What has no replay yet, in one line each (measured without a forecast).
+UNFORECAST = {"dflash": "dflash: no forecast (a block drafter's drafts are not replayed yet); measured",
+              "dspark": "dspark: no forecast (a block drafter's drafts are not replayed yet); measured",
+              "parallel_drafting": "parallel drafting: no forecast (the head's trace follows chained drafts, "
+                                   "not one parallel pass); measured"}
 Z = 1.96  # 95% intervals
 # Prior step cost r - 1 = a + b*k per method, (mean, sd) of a and of b: wide, so one measured depth
 # dominates it. Measured on the demo pair (2 CPU cores): ngram r ~ 1.3 at k=4, draft r ~ 1.75 at k=2.
@@ -143,7 +149,7 @@ class AcceptanceTable:
             return ngram_acceptance(self._pairs, k=k, min_n=lo, max_n=hi, max_model_len=self.max_model_len)
         if p.get("method") == "draft_model" and self._traces and k:
             return draft_acceptance(self._traces, k=k)
-        if p.get("method") == "eagle3" and self._eagle3 and 0 < k <= self._eagle3_depth:
+        if p.get("method") == "eagle3" and self._eagle3 and 0 < k <= self._eagle3_depth and not p.get("parallel_drafting"):
             return eagle3_acceptance(self._eagle3, k=k)
         if p.get("method") == "suffix" and self._pairs and k and suffix_available():
             knob = {key: p.get(key) if p.get(key) is not None else d for key, d in SUFFIX_DEFAULTS.items()}
@@ -154,7 +160,11 @@ class AcceptanceTable:
                                      max_cached_requests=int(knob["suffix_decoding_max_cached_requests"]))
         return None
 
-    def why_not(self, method: str) -> str:
+    def why_not(self, method: str, params: Mapping[str, Any] | None = None) -> str:
+        if method in UNFORECAST:
+            return UNFORECAST[method]
+        if (params or {}).get("parallel_drafting"):
+            return UNFORECAST["parallel_drafting"]
         if method == "draft_model" and not self._traces:
             if self.trace_failure:
                 return f"no draft trace: the trace failed ({self.trace_failure})"
@@ -313,7 +323,7 @@ class Model:
         c = Candidate(dict(params))
         base = self._plain_speedup(plain(params, self.baseline))
         if base is None:
-            return Forecast(dict(params), c.label, basis=self.table.why_not(c.method))
+            return Forecast(dict(params), c.label, basis=self.table.why_not(c.method, params))
         s, log_sd, r, a = base
         log_s, parts = math.log(s), []
         for kv in knobs(params, self.baseline).items():

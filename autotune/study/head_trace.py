@@ -32,10 +32,11 @@ def baseline_key(view: StudyView, base: Any) -> tuple[str, int, str]:
 
 
 def traced_models(space: Any, settings: Any) -> tuple[bool, bool]:
-    """(the draft model, the EAGLE-3 head): which the space searches and the study has."""
+    """(the draft model, the EAGLE-3 head): which the space searches and the study has (each drafter
+    under the method its config says: a DFlash drafter given as --draft-model is no draft model)."""
     methods = next((p.choices for p in space.params if p.name == "method"), ())
-    return ("draft_model" in methods and bool(settings.draft_model),
-            "eagle3" in methods and bool(getattr(settings, "eagle3_head", None)))
+    have = settings.drafters()
+    return "draft_model" in methods and "draft_model" in have, "eagle3" in methods and "eagle3" in have
 
 
 def _kept(study: Any) -> bool:
@@ -74,7 +75,7 @@ def trace_eagle3(study: Any, view: StudyView, space: Any, cfg: Any, base: Any,
                     default=1)
         outputs = [o for o in base.user_attrs.get(attrs.OUTPUTS, []) if o.get("prompt_token_ids") and o.get("token_ids")]
         pairs = [(o["prompt_token_ids"], o["token_ids"]) for o in outputs]
-        head, model = str(cfg.settings.eagle3_head), str(cfg.settings.model)
+        head, model = cfg.settings.drafters()["eagle3"], str(cfg.settings.model)
         t0 = time.monotonic()
         device, memory = where(cfg, env)
         dtype = eagle3_fit.trace_dtype(model, getattr(cfg.settings, "dtype", None)) if device != "cpu" else "float32"
