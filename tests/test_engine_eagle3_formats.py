@@ -22,6 +22,7 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "examples" / "json_edit.jsonl"
 K = 4
+EDITS = 16  # of the 32: enough drafts to tell the layouts' readings apart (0 accepted with d2t ignored)
 
 
 def _draft_vocabulary() -> list[int]:
@@ -50,7 +51,9 @@ def test_a_speculators_head_with_its_own_vocabulary_and_llama3_rope_is_forecast_
     head = eagle3_heads.write(tmp_path / "speculators-head", "speculators", eagle3_heads.bundled_tensors(), keep=keep,
                               norm_before_residual=False, rope_scaling=eagle3_heads.LLAMA31_ROPE)
     assert len(keep) < 1042 and eagle3_fit.why_not(str(head), str(demo.TARGET), ram_bytes=2**40) is None
-    eagle = run_engine(K, {"json_edit": WORKLOAD}, tmp_path, head=head)["json_edit"]
+    workload = tmp_path / "edits.jsonl"
+    workload.write_text("".join(WORKLOAD.read_text().splitlines(keepends=True)[:EDITS]))
+    eagle = run_engine(K, {"json_edit": workload}, tmp_path, head=head)["json_edit"]
     c = eagle["counters"]
     outputs = eagle["outputs"]
     pairs = [(o["prompt_token_ids"], o["token_ids"]) for o in outputs]

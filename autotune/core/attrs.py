@@ -66,6 +66,9 @@ STOPPED = "stopped"  # why the study stopped before the budget was used (the str
 SCHEDULE_PLAN = "schedule"  # autotune.study.schedule: the planned ranges and what they rest on, or why none
 DRAFT_TRACE = "draft_trace"  # {"argmax": request id -> the draft's teacher-forced choices} or {"failure": ...}
 EAGLE3_TRACE = "eagle3_trace"  # {"traces": request id -> the EAGLE-3 head's trace, "depth": k} or {"failure": ...}
+# {"traces": request id -> the DFlash drafter's blocks per depth (autotune.forecast.dflash_drafter.trace),
+#  "depths": [k, ...]} or {"failure": ...}
+DFLASH_TRACE = "dflash_trace"
 
 
 def role(t: Any) -> str | None:

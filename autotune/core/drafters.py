@@ -68,9 +68,10 @@ def parallel_drafting(configs: list[dict[str, Any]]) -> bool:
 
 def drafters(settings: Any, configs_of: Any) -> dict[str, str]:
     """Method -> the drafter the study has for it, each drafter under the method its config says
-    (an explicit head for the method it is given as, unless its config says another)."""
+    (a head under the method of its flag unless its config says another; where two claim one
+    method, the head's flag wins over --draft-model)."""
     out: dict[str, str] = {}
-    for attr, given in (("draft_model", "draft_model"), ("eagle_head", "eagle"), ("eagle3_head", "eagle3")):
+    for attr, given in (("eagle3_head", "eagle3"), ("eagle_head", "eagle"), ("draft_model", "draft_model")):
         model = getattr(settings, attr, None)
         if not model:
             continue

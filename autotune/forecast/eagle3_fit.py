@@ -1,4 +1,5 @@
-"""Whether the EAGLE-3 trace (autotune.forecast.eagle3_trace) can run here, decided before anything is loaded.
+"""Whether the EAGLE-3 trace (autotune.forecast.eagle3_trace), or a DFlash drafter's
+(autotune.forecast.dflash_drafter, CPU only for now), can run here, decided before anything is loaded.
 
 Read from files' headers only (config.json, the safetensors headers; autotune.forecast.eagle3_format
 reads the head as vLLM does): a head or target that is neither a local folder nor a hub id in the
@@ -18,13 +19,14 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from autotune.forecast.eagle3_format import file_bytes, local_folder, param_count, read_head, safetensors_header
+from autotune.forecast.eagle3_format import (file_bytes, local_folder, param_count, read_head, rope_parameters,
+                                             safetensors_header)
 
 FLOAT32 = 4  # bytes per parameter as the CPU trace loads them
 HEADROOM = 1.25  # activations of the target's teacher-forced pass and the head, over the weights
 _HALF = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16", "float32": "float32", "float": "float32"}
 
-__all__ = ["available_ram", "gpu_dtype", "trace_dtype", "param_count", "safetensors_header", "why_not"]
+__all__ = ["available_ram", "dflash_why_not", "gpu_dtype", "trace_dtype", "param_count", "safetensors_header", "why_not"]
 
 
 def available_ram() -> int | None:
@@ -74,23 +76,39 @@ def why_not(head: str, target: str, *, ram_bytes: int | None = None, device: str
     fmt = read_head(h)
     if isinstance(fmt, str):
         return f"the EAGLE-3 head {head}: {fmt}"
-    t = local_folder(target)
+    t, tcfg = _target(target)
     if t is None:
-        return f"the target {target} is neither a local folder nor in the local Hugging Face cache"
-    try:
-        tcfg = json.loads((t / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        return f"the target {target} has no readable local config.json ({type(e).__name__}); the trace loads it locally"
-    if tcfg.get("model_type") != "llama":
-        return f"the target {target} is a {tcfg.get('model_type')!r} model; the trace loads Llama targets only"
+        return tcfg
     vocab = tcfg.get("vocab_size")
     if fmt.names and fmt.draft_vocab != vocab and not fmt.owns("lm_head"):
         return (f"the EAGLE-3 head {head} drafts over {fmt.draft_vocab} tokens (draft_vocab_size) but has no lm_head "
                 f"of its own for them (the target has {vocab})")
+    # a pytorch_model.bin head is sized by its file (2 bytes a parameter: its float16/bfloat16)
+    return _fits(target, t, tcfg, param_count(h) if fmt.names else file_bytes(fmt) // 2, ram_bytes=ram_bytes,
+                 device=device, device_bytes=device_bytes, dtype=dtype)
+
+
+def _target(target: str) -> tuple[Path | None, Any]:
+    """(the target's local folder, its config), or (None, why not)."""
+    t = local_folder(target)
+    if t is None:
+        return None, f"the target {target} is neither a local folder nor in the local Hugging Face cache"
+    try:
+        tcfg = json.loads((t / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return None, (f"the target {target} has no readable local config.json ({type(e).__name__}); "
+                      "the trace loads it locally")
+    if tcfg.get("model_type") != "llama":
+        return None, f"the target {target} is a {tcfg.get('model_type')!r} model; the trace loads Llama targets only"
+    return t, tcfg
+
+
+def _fits(target: str, t: Path, tcfg: dict[str, Any], extra: int, *, ram_bytes: int | None, device: str,
+          device_bytes: int | None, dtype: str | None) -> str | None:
+    """Whether the target and ``extra`` parameters (the drafter's) fit where the trace runs."""
     try:
         tparams = param_count(t)
-        # a pytorch_model.bin head is sized by its file (2 bytes a parameter: its float16/bfloat16)
-        params = tparams + (param_count(h) if fmt.names else file_bytes(fmt) // 2)
+        params = tparams + extra
     except (OSError, ValueError, struct.error) as e:
         return f"the target {target}: safetensors headers unreadable ({type(e).__name__}: {e})"
     if tparams == 0:
@@ -110,3 +128,33 @@ def why_not(head: str, target: str, *, ram_bytes: int | None = None, device: str
         return (f"the trace would load {params / 1e9:.2f}B parameters in float32 (~{_size(need)}) "
                 f"into this process; RAM available: {have}")
     return None
+
+
+def dflash_why_not(drafter: str, target: str, *, ram_bytes: int | None = None) -> str | None:
+    """Why the DFlash trace (autotune.forecast.dflash_drafter.trace, on CPU) cannot run for
+    ``drafter`` over ``target``, or None: a drafter the mirror does not compute (the speculators
+    format, sliding windows, a vocabulary or embedding of its own, a RoPE other than default), or a
+    target that is not a local Llama or does not fit in RAM in float32."""
+    d = local_folder(drafter)
+    if d is None:
+        return f"the DFlash drafter {drafter} is neither a local folder nor in the local Hugging Face cache"
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+        names = {n for f in sorted(d.glob("*.safetensors")) for n in safetensors_header(f)}
+    except (OSError, ValueError, struct.error) as e:
+        return f"the DFlash drafter {drafter}: config.json or safetensors unreadable ({type(e).__name__})"
+    flash = cfg.get("dflash_config") or {}
+    if cfg.get("speculators_config") is not None or "DFlashDraftModel" not in (cfg.get("architectures") or []):
+        return f"the DFlash drafter {drafter} is not a DFlashDraftModel checkpoint, which the trace computes"
+    own = sorted({n.split(".")[0] for n in names} & {"lm_head", "d2t", "embed_tokens", "mask_embedding"})
+    if flash.get("use_swa") or cfg.get("layer_types") or cfg.get("attention_bias") or own or not names \
+            or "mask_token_id" not in flash or "target_layer_ids" not in flash:
+        why = f"carries {', '.join(own)}" if own else \
+            "uses sliding windows or biases, or has no weights, mask token or target layers"
+        return f"the DFlash drafter {drafter} {why}, which the trace does not compute"
+    if rope_parameters(cfg)["rope_type"] != "default":
+        return f"the DFlash drafter {drafter}: RoPE {rope_parameters(cfg)['rope_type']!r}; the trace computes default"
+    t, tcfg = _target(target)
+    if t is None:
+        return tcfg
+    return _fits(target, t, tcfg, param_count(d), ram_bytes=ram_bytes, device="cpu", device_bytes=None, dtype=None)

@@ -1,5 +1,7 @@
-"""The EAGLE-3 head's trace in a live study: its chained greedy drafts along the baseline's outputs,
-as deep as the space searches, kept in the study (``eagle3_trace``) for every eagle3 forecast.
+"""The drafters' traces in a live study: the EAGLE-3 head's chained greedy drafts along the baseline's
+outputs, as deep as the space searches, kept in the study (``eagle3_trace``) for every eagle3
+forecast; and a DFlash drafter's blocks at each depth the space searches (``dflash_trace``, on CPU
+only for now: on a GPU dflash is measured without a forecast, said in one line).
 
 Before anything is loaded, autotune.forecast.eagle3_fit checks the head (its layout, read as vLLM
 reads it; a hub id from the local Hugging Face cache only) and the target's size against where the
@@ -39,10 +41,16 @@ def traced_models(space: Any, settings: Any) -> tuple[bool, bool]:
     return "draft_model" in methods and "draft_model" in have, "eagle3" in methods and "eagle3" in have
 
 
-def _kept(study: Any) -> bool:
+def _depths(space: Any, method: str) -> list[int]:
+    """The depths the space searches for ``method``."""
+    return sorted({int(v) for p in space.params if p.name == "num_speculative_tokens"
+                   and method in p.when.get("method", (method,)) for v in p.values()})
+
+
+def _kept(study: Any, key: str = attrs.EAGLE3_TRACE) -> bool:
     from autotune.study.view import StudyView
 
-    return attrs.EAGLE3_TRACE in StudyView.of(study).user_attrs
+    return key in StudyView.of(study).user_attrs
 
 
 def where(cfg: Any, env: dict[str, str] | None) -> tuple[str, int | None]:
@@ -113,12 +121,53 @@ def _on_device(pairs: list, depth: int, head: str, model: str, dtype: str, cfg: 
     return out.raw["traces"]
 
 
+def trace_dflash(study: Any, view: StudyView, space: Any, cfg: Any, base: Any,
+                 env: dict[str, str] | None = None) -> str | None:
+    """Trace the DFlash drafter over the baseline's outputs at each depth the space searches (once
+    per baseline; CPU only) and keep it; the line to say when skipped or failed, else None."""
+    from autotune.forecast import eagle3_fit
+
+    with _lock:
+        mine = _traces.setdefault((*baseline_key(view, base), "dflash"), threading.Lock())
+    with mine:
+        if _kept(study, attrs.DFLASH_TRACE):
+            return None
+        depths = _depths(space, "dflash")
+        outputs = [o for o in base.user_attrs.get(attrs.OUTPUTS, []) if o.get("prompt_token_ids") and o.get("token_ids")]
+        drafter, model = cfg.settings.drafters()["dflash"], str(cfg.settings.model)
+        t0 = time.monotonic()
+        skip = ("the DFlash trace runs on CPU only (yet)" if where(cfg, env)[0] != "cpu"
+                else eagle3_fit.dflash_why_not(drafter, model))
+        if skip is not None:
+            study.set_user_attr(attrs.DFLASH_TRACE, {"failure": f"not traced: {skip}", "wall_s": 0.0})
+            return f"dflash forecast skipped: {skip}; dflash is measured without one"
+        got: dict[str, Any]
+        try:
+            from autotune.forecast.dflash_drafter import trace
+
+            traced = trace([(o["prompt_token_ids"], o["token_ids"]) for o in outputs], ks=depths,
+                           drafter_dir=Path(drafter), target_dir=Path(model), threads=2)
+            got = {"traces": {o["id"]: t for o, t in zip(outputs, traced)}, "depths": depths}
+        except Exception as e:  # noqa: BLE001 - any failure means: measured, not forecast
+            got = {"failure": f"{type(e).__name__}: {e}"}
+        study.set_user_attr(attrs.DFLASH_TRACE, {**got, "wall_s": round(time.monotonic() - t0, 1)})
+        return f"dflash trace failed: {got['failure']}; dflash is measured without a forecast" if "failure" in got \
+            else None
+
+
 def ensure_eagle3_trace(study: Any, view: StudyView, space: Any, cfg: Any, params: dict[str, Any] | None = None,
                         *, env: dict[str, str] | None = None) -> str | None:
-    """The head's trace once a baseline exists (``trace_eagle3``), before planning (``params`` None)
-    and before any eagle3 trial, whatever put it in line (--try, a grid, a plan); the line to say, if any."""
-    if (params is not None and params.get("method") != "eagle3") or attrs.EAGLE3_TRACE in view.user_attrs \
-            or not traced_models(space, cfg.settings)[1]:
-        return None
+    """The drafters' traces once a baseline exists (``trace_eagle3``, ``trace_dflash``), before planning
+    (``params`` None) and before any eagle3 or dflash trial, whatever put it in line (--try, a grid, a
+    plan); the lines to say, if any (one a drafter)."""
     base = view.baseline
-    return None if base is None else trace_eagle3(study, view, space, cfg, base, env)
+    if base is None:
+        return None
+    methods = next((p.choices for p in space.params if p.name == "method"), ())
+    have = cfg.settings.drafters()
+    lines = []
+    for method, key, run in (("eagle3", attrs.EAGLE3_TRACE, trace_eagle3), ("dflash", attrs.DFLASH_TRACE, trace_dflash)):
+        if (params is None or params.get("method") == method) and key not in view.user_attrs \
+                and method in methods and method in have:
+            lines.append(run(study, view, space, cfg, base, env))
+    return "\n".join(x for x in lines if x) or None

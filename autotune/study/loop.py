@@ -214,7 +214,7 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             study.tell(trial, state=TrialState.PRUNED)
             duplicates += 1
             continue
-        if not is_base and attrs.EAGLE3_TRACE not in view.user_attrs:  # a --try or grid eagle3 trial's forecast
+        if not is_base and not {attrs.EAGLE3_TRACE, attrs.DFLASH_TRACE} <= set(view.user_attrs):  # --try, grid: forecasts
             if line := ensure_eagle3_trace(study, view, space, cfg, cand.params, env=env):
                 progress.note(line)
             view = StudyView.of(study)  # the trace just kept (if any) is what the forecast reads

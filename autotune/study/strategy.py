@@ -59,13 +59,16 @@ def study_model(view: StudyView, space: Any, max_model_len: int | None, *, level
     old = view.superseded
     trace = view.user_attrs.get(attrs.DRAFT_TRACE) or {}
     eagle3 = view.user_attrs.get(attrs.EAGLE3_TRACE) or {}
+    dflash = view.user_attrs.get(attrs.DFLASH_TRACE) or {}
     # Replays are cached per baseline trial (and its traces, once there are).
-    key = (*baseline_key(view, base), bool(trace.get("argmax")), trace.get("failure"), bool(eagle3.get("traces")))
+    key = (*baseline_key(view, base), bool(trace.get("argmax")), trace.get("failure"), bool(eagle3.get("traces")),
+           bool(dflash.get("traces")))
     with _lock:
         table = _tables.get(key)
     if table is None:  # built outside the lock: two threads may both build it, the first kept
         table = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"), max_model_len or 1 << 30,
-                                trace_failure=trace.get("failure"), eagle3=eagle3.get("traces"))
+                                trace_failure=trace.get("failure"), eagle3=eagle3.get("traces"),
+                                dflash=dflash.get("traces"))
         with _lock:
             table = _tables.setdefault(key, table)
     def k(metric: str, suffix: str = "") -> str:  # the measurement key at this level
