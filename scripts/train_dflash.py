@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few steps only, to test the script")
     ap.add_argument("--out", type=Path, default=DRAFTER)
     ap.add_argument("--documents", type=int, default=8000, help="corpus documents drawn for training")
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--batch", type=int, default=8, help="documents a step")
     ap.add_argument("--anchors", type=int, default=48, help="blocks a document a step")
     ap.add_argument("--depths", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8], help="k drawn per step from these")
