@@ -45,6 +45,7 @@ def heads(tmp_path_factory):
            "speculators": eagle3_heads.write(root / "spec", "speculators", tensors, keep=sorted(set(keep)),
                                              rope_scaling=eagle3_heads.LLAMA31_ROPE)}
     eagle3_heads.hub_cache(root / "cache", "someone/llama-eagle3-speculator", out["speculators"])
+    eagle3_heads.hub_cache(root / "cache", "someone/demo-target", demo.TARGET)
     return out, root / "cache"
 
 
@@ -57,9 +58,10 @@ def test_a_head_in_each_layout_is_traced_and_forecast(heads, layout, monkeypatch
     paths, cache = heads
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
     head = "someone/llama-eagle3-speculator" if layout == "hub" else str(paths[layout])
-    assert eagle3_fit.why_not(head, str(demo.TARGET), ram_bytes=2**40) is None
+    target = "someone/demo-target" if layout == "hub" else str(demo.TARGET)  # head and target from the cache
+    assert eagle3_fit.why_not(head, target, ram_bytes=2**40) is None
     pairs = _pairs()
-    chains = trace(pairs, depth=DEPTH, head_dir=head, threads=2)
+    chains = trace(pairs, depth=DEPTH, head_dir=head, target_dir=target, threads=2)
     assert [len(c["drafts"]) for c in chains] == [len(o) - 1 for _, o in pairs]
     assert all(len(d) == DEPTH for c in chains for d in c["drafts"])
     if layout in ("d2t", "speculators", "hub"):  # drafts in the target's ids, from the draft vocabulary only
