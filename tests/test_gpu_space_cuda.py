@@ -25,7 +25,7 @@ import pytest
 
 from autotune.core import runner
 from autotune.core.candidate import Candidate
-from test_gpu_space_valid import _LLAMA, gpu_space, placeholder_models
+from test_gpu_space_valid import _LLAMA, OWN_DRAFTERS, gpu_space, placeholder_models
 
 HERE = Path(__file__).resolve().parent
 NO_FLASH_ATTN = {"eagle", "eagle3", "mtp"}  # drafts whose architecture inspection imports vllm.vllm_flash_attn
@@ -39,7 +39,7 @@ def combos(tmp_path):
     methods = next(p for p in space.params if p.name == "method").choices
     ks = next(p for p in space.params if p.name == "num_speculative_tokens").int_range
     out = []
-    for method in methods:
+    for method in (m for m in methods if m not in OWN_DRAFTERS):  # those: tests/test_methods_valid.py
         # every graph mode per method (NONE, which vLLM keeps trivially, for ngram only); the drafts that
         # cannot be inspected here once, to hold them to that reason; the deepest k, the rounding's hardest case
         chosen = modes[:1] if method in NO_FLASH_ATTN else [m for m in modes if m != "NONE" or method == "ngram"]

@@ -74,6 +74,9 @@ SELECTED = "selected"  # the final choice (autotune.study.select): its trial, th
 GATE_TOLERANCE = "gate_tolerance"  # the tolerance the holdout measures the deployed config's pairs for
 HOLDOUT_PAIRS = "holdout_pairs"  # the holdout rounds the study measures (0: `--confirm`'s served rounds are the holdout)
 EAGLE3_TRACE = "eagle3_trace"  # {"traces": request id -> the EAGLE-3 head's trace, "depth": k} or {"failure": ...}
+# {"traces": request id -> the DFlash drafter's blocks per depth (autotune.forecast.dflash_drafter.trace),
+#  "depths": [k, ...]} or {"failure": ...}
+DFLASH_TRACE = "dflash_trace"
 
 
 def role(t: Any) -> str | None:

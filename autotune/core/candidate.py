@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Methods that need a model the user supplies, and the setting that names it.
-MODEL_FOR_METHOD = {"draft_model": "draft_model", "eagle": "eagle_head", "eagle3": "eagle3_head"}
-SPEC_METHODS = ("ngram", "draft_model", "suffix", "eagle", "eagle3", "mtp")
+from autotune.core.drafters import drafters, parallel_drafting
+
+# Methods that need a model the user supplies (autotune.core.drafters: each drafter under the method
+# its config says), and what a space's ``needs:`` calls that drafter.
+NEEDS_FOR_METHOD = {"draft_model": "draft_model", "eagle": "eagle_head", "eagle3": "eagle3_head",
+                    "dflash": "dflash_drafter", "dspark": "dspark_drafter"}
+SPEC_METHODS = ("ngram", "draft_model", "suffix", "eagle", "eagle3", "mtp", "dflash", "dspark")
 METHODS = ("none", *SPEC_METHODS)
 # Keys a search space may set, by where they go in vLLM's arguments.
 SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
@@ -17,11 +21,14 @@ SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "suffix_decoding_min_token_prob", "suffix_decoding_max_cached_requests",
              "num_speculative_tokens_per_batch_size",
              "rejection_sample_method", "draft_sample_method",
-             "draft_tensor_parallel_size")  # offered where the target runs tensor parallel (autotune.core.target_space)
+             "draft_tensor_parallel_size",  # offered where the target runs tensor parallel (autotune.core.target_space)
+             "parallel_drafting",  # EAGLE heads trained for it (P-EAGLE): every draft token in one pass (V1 only)
+             "enable_adaptive_verification")  # dspark: verify fewer drafts where the drafter is unsure (V2 only)
 # vLLM's own values for the lossless verification knobs: they change only sampled requests (a greedy
 # request accepts a draft token exactly when it is the target's argmax, whichever the method), so a
 # candidate at these values is the same engine as one that leaves them out.
-SPEC_DEFAULTS = {"rejection_sample_method": "standard", "draft_sample_method": "greedy"}
+SPEC_DEFAULTS = {"rejection_sample_method": "standard", "draft_sample_method": "greedy", "parallel_drafting": False,
+                 "enable_adaptive_verification": False}
 ENGINE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "enforce_eager", "max_num_seqs",
                "max_num_batched_tokens")
 COMPILATION_KEYS = ("cudagraph_mode",)
@@ -55,16 +62,24 @@ class Settings:
     serve_flags: dict[str, Any] = field(default_factory=dict)
 
     def available_models(self) -> set[str]:
-        """What the space's ``needs:`` can ask for: user-supplied drafts, the model's own MTP layers,
+        """What the space's ``needs:`` can ask for: user-supplied drafters (by the method each one's
+        config says: autotune.core.drafters), a head trained for parallel drafting, the model's own MTP layers,
         MoE layers (what vLLM's int8 weight-only quantization on CPU works on), and the optional
         packages a method needs here (Arctic Inference for suffix decoding)."""
-        have = {k for k in ("draft_model", "eagle_head", "eagle3_head") if getattr(self, k)}
+        found = self.drafters()
+        have = {NEEDS_FOR_METHOD[m] for m in found if m in NEEDS_FOR_METHOD}
+        if "eagle3" in found and parallel_drafting(model_configs(found["eagle3"])):
+            have.add("parallel_drafting_head")
         have |= {name for name in OPTIONAL_PACKAGES if package_installed(name)}
         if model_has_mtp(self.model):
             have.add("mtp_layers")
         if model_is_moe(self.model):
             have.add("moe_layers")
         return have
+
+    def drafters(self) -> dict[str, str]:
+        """Method -> the drafter this study has for it (autotune.core.drafters)."""
+        return drafters(self, model_configs)
 
 
 # Packages a method needs beyond vLLM, by import name: a space asks with ``needs: <name>``.
@@ -162,6 +177,9 @@ class Candidate:
         for key, short in (("rejection_sample_method", "verify"), ("draft_sample_method", "drafts")):
             if p.get(key, SPEC_DEFAULTS[key]) != SPEC_DEFAULTS[key]:
                 parts.append(f"{short}={p[key]}")
+        for key, word in (("parallel_drafting", "parallel"), ("enable_adaptive_verification", "adaptive")):
+            if p.get(key):
+                parts.append(word)
         if "draft_tensor_parallel_size" in p:
             parts.append(f"draft-tp={p['draft_tensor_parallel_size']}")
         if p.get("dtype", "default") != "default":
@@ -198,9 +216,8 @@ class Candidate:
             kw["compilation_config"] = compilation
         if self.method != "none":
             spec: dict[str, Any] = {"method": self.method}
-            model_setting = MODEL_FOR_METHOD.get(self.method)
-            if model_setting:
-                spec["model"] = getattr(settings, model_setting)
+            if self.method in NEEDS_FOR_METHOD:
+                spec["model"] = settings.drafters().get(self.method)
             spec.update({k: self.params[k] for k in SPEC_KEYS if k in self.params
                          and self.params[k] != SPEC_DEFAULTS.get(k)})
             kw["speculative_config"] = spec

@@ -131,7 +131,10 @@ def _parse_choices(src: str, name: str, raw: Any, platform: str, tags: set[str],
                 hint = {"mtp_layers": "a model with MTP layers",
                         "moe_layers": "a mixture-of-experts model",
                         "sampled_requests": "sampled requests (temperature > 0) in the workload",
-                        "arctic_inference": "Arctic Inference: pip install arctic-inference, or scripts/setup.sh"
+                        "arctic_inference": "Arctic Inference: pip install arctic-inference, or scripts/setup.sh",
+                        "dflash_drafter": "a --draft-model whose config says dflash (a DFlash block drafter)",
+                        "dspark_drafter": "a --draft-model whose config says dspark (a DSpark block drafter)",
+                        "parallel_drafting_head": "an EAGLE head trained for parallel drafting (P-EAGLE)",
                         }.get(needs, f"--{needs.replace('_', '-')}")
                 dropped.append(f"{name}={value} (needs {hint})")
                 continue

@@ -28,3 +28,10 @@ def available() -> bool:
 
 def eagle3_available() -> bool:
     return (EAGLE3 / "model.safetensors").is_file() and (EAGLE3 / "config.json").is_file()
+
+
+DFLASH = MODELS / "dflash"  # the target's DFlash block drafter (vLLM method dflash)
+
+
+def dflash_available() -> bool:
+    return (DFLASH / "model.safetensors").is_file() and (DFLASH / "config.json").is_file()

@@ -1,20 +1,14 @@
-"""An EAGLE-3 head in plain torch: the layer vLLM 0.32 runs for ``method: eagle3``.
+"""What vLLM 0.32's EAGLE-3 drafting proposes along a baseline's tokens: the head
+(autotune.forecast.eagle3_head, in the layout autotune.forecast.eagle3_format reads) chained over the
+target's hidden states, at every decode step at once.
 
-vLLM's ``Eagle3LlamaForCausalLM`` (vllm/model_executor/models/llama_eagle3.py) is one decoder layer
-whose attention reads ``[input_layernorm(embed(token)), hidden_norm(h)]`` (2 x hidden wide), with
-the residual taken from ``h`` before its norm, and a final norm. ``h`` is, on the first pass of a
-step, ``fc`` over the target's auxiliary hidden states (the residual stream after the layers
-``eagle_aux_hidden_state_layer_ids`` names, concatenated), and on every further draft position the
-head's own pre-norm output one position back. Its embedding and lm_head are the target's: the
-checkpoint carries neither, and vLLM shares the target's (``_maybe_share_embeddings``,
-``_maybe_share_lm_head``). The draft at position p reads token p + 1 and the target's state at p,
-so it predicts token p + 2.
-
-This module mirrors that computation, so the same code trains the head
-(``scripts/train_eagle3.py``) and replays what vLLM drafts along a baseline's tokens
-(``trace``: the forecast's input, ``autotune.forecast.predict.eagle3_acceptance``).
-Imports torch and transformers; only the training script, the trace and the tests use it. Only a
-head and target that ``autotune.forecast.eagle3_fit`` accepts are ever loaded here.
+The target runs teacher-forced through transformers (``LlamaForCausalLM``: its RoPE, Llama 3.1's
+``llama3`` scaling included, is the config's, as vLLM's model applies it), with hooks on the layers
+whose residual streams feed the head. On CPU it runs in the calling process in float32; on a GPU it
+runs where the target runs, in a trial worker of its own on the worker's device, in the target's
+dtype (``run_job``: the worker's entry), never through the CLI's RAM. Only a head and target that
+``autotune.forecast.eagle3_fit`` accepts are ever loaded here. The replay
+(``autotune.forecast.predict.eagle3_acceptance``) turns these drafts into vLLM's counters.
 """
 
 from __future__ import annotations
@@ -26,163 +20,76 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from autotune.demo import TARGET
 from autotune.demo.eagle3 import HEAD
+from autotune.forecast import eagle3_head
+from autotune.forecast.eagle3_format import HeadFormat, aux_layers, local_folder, read_head
+from autotune.forecast.eagle3_head import Eagle3Head, inv_freq, rms_norm, rope  # noqa: F401 - the training script's names
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    var = x.pow(2).mean(-1, keepdim=True)
-    return x * torch.rsqrt(var + eps) * w
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Neox-style rotary embedding (vLLM's and transformers' Llama): x [..., T, D], positions [T]."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    ang = positions.to(torch.float32)[:, None] * inv[None, :]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
-    half = d // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rot * sin
-
-
-class Eagle3Head(nn.Module):
-    """One EAGLE-3 decoder layer with fc and norms; ``embed`` is the target's (frozen, shared)."""
-
-    def __init__(self, cfg: dict[str, Any], embed: torch.Tensor) -> None:
-        super().__init__()
-        h, inter = cfg["hidden_size"], cfg["intermediate_size"]
-        self.cfg = cfg
-        self.heads, self.kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        self.head_dim = cfg.get("head_dim") or h // self.heads
-        self.eps, self.theta = cfg["rms_norm_eps"], cfg.get("rope_parameters", {}).get("rope_theta", 10000.0)
-        n_aux = len(cfg["eagle_aux_hidden_state_layer_ids"])
-        self.register_buffer("embed", embed.detach().clone(), persistent=False)
-        self.fc = nn.Linear(n_aux * cfg.get("target_hidden_size", h), h, bias=False)
-        self.q_proj = nn.Linear(2 * h, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
-        self.gate_proj = nn.Linear(h, inter, bias=False)
-        self.up_proj = nn.Linear(h, inter, bias=False)
-        self.down_proj = nn.Linear(inter, h, bias=False)
-        self.input_layernorm = nn.Parameter(torch.ones(h))
-        self.hidden_norm = nn.Parameter(torch.ones(h))
-        self.post_attention_layernorm = nn.Parameter(torch.ones(h))
-        self.norm = nn.Parameter(torch.ones(h))
-
-    # -- pieces -------------------------------------------------------------------------------
-    def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
-        """The layer's first half for tokens [B, T] and hidden [B, T, H] at positions [T]:
-        (q, k, v) [B, heads, T, D], and the residual (hidden itself: norm after residual)."""
-        b, t = tokens.shape
-        e = rms_norm(F.embedding(tokens, self.embed), self.input_layernorm, self.eps)
-        x = torch.cat([e, rms_norm(hidden, self.hidden_norm, self.eps)], -1)
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        return rope(q, positions, self.theta), rope(k, positions, self.theta), v
-
-    def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """attn [B, heads, T, D] -> (normed output for the logits, pre-norm output for the next draft)."""
-        b, _, t, _ = attn.shape
-        a = self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
-        residual = a + residual
-        x = rms_norm(residual, self.post_attention_layernorm, self.eps)
-        x = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        pre = x + residual
-        return rms_norm(pre, self.norm, self.eps), pre
-
-    def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        return normed @ self.embed.T
-
-    def combine(self, aux: torch.Tensor) -> torch.Tensor:
-        return self.fc(aux)
-
-    # -- training: test-time-training unroll over whole sequences --------------------------------
-    def unroll(self, tokens: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """Logits of draft steps 1..steps at every position, as vLLM drafts them.
-
-        ``tokens`` [B, T] (the sequence x), ``aux`` [B, T, n*H] (the target's aux states at each
-        position). Step 1 at position q reads (x[q+1], fc(aux[q])) and attends to step-1 entries at
-        0..q. Step j at q is the j-th draft of a chain anchored at a = q - j + 1: it reads the step
-        j-1 output at q - 1 (its own hidden, chained), the true token x[q+1] (what an accepted
-        draft is), and attends to step-1 entries at 0..a and step-i entries at a + i - 1 (i = 2..j).
-        Returns ``steps`` tensors [B, T-1, V]: entry q predicts x[q + 2] (the last is unused).
-        """
-        b, t = tokens.shape
-        nxt = torch.cat([tokens[:, 1:], tokens[:, -1:]], 1)  # x[q+1] at q (the last is padding)
-        pos = torch.arange(t)
-        hidden = self.combine(aux)
-        keys, values, out = [], [], []
-        for j in range(1, steps + 1):
-            q, k, v = self.qkv(nxt, hidden, pos)
-            keys.append(k)
-            values.append(v)
-            # Mask [T, j*T]: block 1 (step-1 keys) at key position <= q - j + 1; block i (>= 2) at
-            # key position == q - j + i exactly.
-            qi = pos[:, None]
-            ki = pos[None, :]
-            blocks = [ki <= qi - j + 1] + [ki == qi - j + i for i in range(2, j + 1)]
-            mask = torch.cat(blocks, 1)
-            mask[:, 0] |= ~mask.any(1)  # rows with no key (q < j - 1) attend to position 0: unused
-            att = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=mask)
-            normed, pre = self.finish(att, hidden)
-            out.append(self.logits(normed[:, :-1]))
-            # The next step's hidden at q is this step's output at q - 1.
-            hidden = torch.cat([pre[:, :1], pre[:, :-1]], 1)
-        return out
-
-    # -- the format vLLM loads --------------------------------------------------------------------
-    def checkpoint(self) -> dict[str, torch.Tensor]:
-        m = "midlayer."
-        return {
-            "fc.weight": self.fc.weight, f"{m}self_attn.q_proj.weight": self.q_proj.weight,
-            f"{m}self_attn.k_proj.weight": self.k_proj.weight, f"{m}self_attn.v_proj.weight": self.v_proj.weight,
-            f"{m}self_attn.o_proj.weight": self.o_proj.weight, f"{m}mlp.gate_proj.weight": self.gate_proj.weight,
-            f"{m}mlp.up_proj.weight": self.up_proj.weight, f"{m}mlp.down_proj.weight": self.down_proj.weight,
-            f"{m}input_layernorm.weight": self.input_layernorm, f"{m}hidden_norm.weight": self.hidden_norm,
-            f"{m}post_attention_layernorm.weight": self.post_attention_layernorm, "norm.weight": self.norm,
-        }
-
-    def save(self, path: Path) -> None:
-        from safetensors.torch import save_file
-
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(self.cfg, indent=2) + "\n")
-        state = {k: v.detach().to(torch.float16).contiguous() for k, v in self.checkpoint().items()}
-        save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-
-
-def load_target(target: Path = TARGET) -> Any:
+def load_target(target: Path = TARGET, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
+    """The target through transformers, in ``dtype`` on ``device``. Off the CPU its shards are read
+    straight onto the device (a GPU target never passes through host RAM whole)."""
     from transformers import LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
+    if device != "cpu":
+        return load_on(target, dtype=dtype, device=device)
     # transformers draws a "Loading weights" bar, which a study's output printed after its report
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
+        model = LlamaForCausalLM.from_pretrained(target, dtype=dtype, local_files_only=True)
     finally:
         if shown:
             hf_logging.enable_progress_bar()
-    model.eval()
-    return model
+    return model.eval()
+
+
+def load_on(target: Path, *, dtype: torch.dtype, device: str) -> Any:
+    """The target built on ``device`` and filled shard by shard from its safetensors (transformers'
+    ``device_map`` would need accelerate, which vLLM does not bring)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(LlamaConfig.from_pretrained(target, local_files_only=True), dtype=dtype)
+    missing = set(model.state_dict())
+    for shard in sorted(Path(target).glob("*.safetensors")):
+        part = load_file(str(shard), device=device)
+        model.load_state_dict(part, strict=False)
+        missing -= set(part)
+        del part
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
+        missing.discard("lm_head.weight")
+    if missing:
+        raise ValueError(f"the target {target}: no weights for {sorted(missing)[:3]}")
+    return model.eval()
+
+
+def head_format(path: Path) -> HeadFormat:
+    fmt = read_head(path)
+    if isinstance(fmt, str):
+        raise ValueError(f"the EAGLE-3 head {path}: {fmt}")
+    return fmt
 
 
 def load_head(path: Path = HEAD, target_model: Any = None) -> Eagle3Head:
-    from safetensors.torch import load_file
-
-    cfg = json.loads((path / "config.json").read_text())
+    """The head in ``path`` over ``target_model`` (default: the demo target), in the target's dtype
+    and on its device, with the aux layers vLLM would use for that target."""
     target_model = target_model if target_model is not None else load_target()
-    head = Eagle3Head(cfg, target_model.get_input_embeddings().weight)
-    by_name = dict(head.checkpoint())
-    for k, v in load_file(str(path / "model.safetensors")).items():
-        by_name[k].data.copy_(v.to(torch.float32))
-    head.eval()
-    return head
+    fmt = head_format(path)
+    cfg = {**fmt.cfg, "eagle_aux_hidden_state_layer_ids": list(aux_layers(fmt, target_model.config.num_hidden_layers))}
+    embed = target_model.get_input_embeddings().weight
+    out = target_model.get_output_embeddings()
+    lm_head = None if out is None or out.weight is embed else out.weight
+    head = eagle3_head.load_head(fmt, embed.float().cpu(), None if lm_head is None else lm_head.float().cpu(),
+                                 dtype=embed.dtype, cfg=cfg)
+    return head.to(embed.device)
 
 
 @torch.no_grad()
@@ -191,6 +98,9 @@ def target_pass(target_model: Any, tokens: torch.Tensor, aux_layers: Sequence[in
     layer in ``aux_layers`` as vLLM's ``_maybe_add_hidden_state`` takes it; logits [B, T, V])."""
     got: dict[int, torch.Tensor] = {}
     hooks = []
+    if 0 in aux_layers:  # before any layer: the embeddings
+        hooks.append(target_model.model.embed_tokens.register_forward_hook(
+            lambda _m, _inp, out: got.__setitem__(0, out)))
     for i, layer in enumerate(target_model.model.layers):
         if i + 1 in aux_layers:
             hooks.append(layer.register_forward_hook(
@@ -220,9 +130,10 @@ def chained_drafts(head: Eagle3Head, tokens: Sequence[int], aux: torch.Tensor, s
     (11,080 draft tokens of the demo's baseline at depth 8: none differed, logits within 2e-5).
     """
     t = len(tokens)
-    x = torch.tensor([list(tokens)])
+    dev = aux.device
+    x = torch.tensor([list(tokens)], device=dev)
     nxt = torch.cat([x[:, 1:], x[:, -1:]], 1)
-    pos = torch.arange(t)
+    pos = torch.arange(t, device=dev)
     hidden0 = head.combine(aux[None])
     q, k, v = head.qkv(nxt, hidden0, pos)
     causal = pos[None, :] <= pos[:, None]
@@ -230,13 +141,13 @@ def chained_drafts(head: Eagle3Head, tokens: Sequence[int], aux: torch.Tensor, s
     first = head.logits(normed[0])
     if not starts:
         return []
-    a = torch.tensor(list(starts))
+    a = torch.tensor(list(starts), device=dev)
     seen = [first[a]]  # [A, V] per step
-    drafts = [seen[0].argmax(-1)]
+    drafts = [head.tokens(seen[0])]
     # Keys: the step-1 entries (anchor a sees positions 0..a), then one block per chain step in
     # which each anchor sees only its own entry.
     ks, vs, masks = [k], [v], [pos[None, :] <= a[:, None]]
-    own = torch.eye(len(a), dtype=torch.bool)
+    own = torch.eye(len(a), dtype=torch.bool, device=dev)
     hidden = pre[:, a]
     for j in range(1, depth):
         qj, kj, vj = head.qkv(drafts[-1][None], hidden, a + j)
@@ -246,14 +157,15 @@ def chained_drafts(head: Eagle3Head, tokens: Sequence[int], aux: torch.Tensor, s
         att = F.scaled_dot_product_attention(qj, torch.cat(ks, 2), torch.cat(vs, 2), attn_mask=torch.cat(masks, 1))
         normed_j, hidden = head.finish(att, hidden)
         seen.append(head.logits(normed_j[0]))
-        drafts.append(seen[-1].argmax(-1))
+        drafts.append(head.tokens(seen[-1]))
     if logits is not None:
         logits.extend([step[i] for step in seen] for i in range(len(a)))
     return torch.stack(drafts, 1).tolist()
 
 
 def trace(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, depth: int, head_dir: Path = HEAD,
-          target_dir: Path = TARGET, threads: int | None = None) -> list[dict[str, list]]:
+          target_dir: Path = TARGET, threads: int | None = None, device: str = "cpu",
+          dtype: str = "float32") -> list[dict[str, list]]:
     """For each (prompt ids, output ids) pair, what the replay (``autotune.forecast.predict.Eagle3Trace``) needs:
 
     - ``drafts``: the head's chained greedy drafts of ``depth`` tokens at every decode step a
@@ -262,11 +174,16 @@ def trace(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, depth: int, h
     - ``beyond``: where the output ends in end-of-sequence, the target's greedy tokens after it
       (``depth`` of them). vLLM verifies a draft past an accepted end-of-sequence token like any
       other and counts it in its acceptance counters before the output is cut at the end.
+
+    ``head_dir``/``target_dir``: local folders or hub ids in the local Hugging Face cache.
     """
     if threads:
         torch.set_num_threads(threads)
-    target_model = load_target(target_dir)
-    head = load_head(head_dir, target_model)
+    head_path, target_path = local_folder(str(head_dir)), local_folder(str(target_dir))
+    if head_path is None or target_path is None:
+        raise ValueError(f"{head_dir if head_path is None else target_dir}: not a local folder or cached hub id")
+    target_model = load_target(target_path, dtype=DTYPES[dtype], device=device)
+    head = load_head(head_path, target_model)
     layers = head.cfg["eagle_aux_hidden_state_layer_ids"]
     eos = target_model.config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
@@ -277,16 +194,35 @@ def trace(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, depth: int, h
         if output and output[-1] in eos:
             with torch.no_grad():
                 for _ in range(depth):
-                    beyond.append(int(target_model(input_ids=torch.tensor([seq + beyond])).logits[0, -1].argmax()))
+                    ids = torch.tensor([seq + beyond], device=device)
+                    beyond.append(int(target_model(input_ids=ids).logits[0, -1].argmax()))
         if len(output) < 2:
             out.append({"drafts": [], "beyond": beyond})
             continue
-        aux, _ = target_pass(target_model, torch.tensor([seq]), layers)
+        aux, _ = target_pass(target_model, torch.tensor([seq], device=device), layers)
         n0 = len(prompt)
         # Output token i sits at position n0 + i; with output[:i+1] known the anchor is n0 + i - 1.
         starts = [n0 + i - 1 for i in range(len(output) - 1)]
         out.append({"drafts": chained_drafts(head, seq, aux[0], starts, depth), "beyond": beyond})
     return out
+
+
+def job(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, depth: int, head: str, target: str,
+        device: str, dtype: str) -> dict[str, Any]:
+    """The worker job that traces the head where the target runs (``run_job``), for
+    ``autotune.run.worker.run_trial``."""
+    return {"engine_module": __name__, "requests": [],
+            "eagle3_trace": {"pairs": [[list(p), list(o)] for p, o in pairs], "depth": depth, "head": head,
+                             "target": target, "device": device, "dtype": dtype}}
+
+
+def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
+    """A trial worker's entry: ``trace`` on the job's device (the worker's GPU), its chains returned."""
+    spec = job["eagle3_trace"]
+    phase("trace", {"total": len(spec["pairs"])})
+    chains = trace([(p, o) for p, o in spec["pairs"]], depth=spec["depth"], head_dir=Path(spec["head"]),
+                   target_dir=Path(spec["target"]), device=spec["device"], dtype=spec["dtype"])
+    return {"traces": chains}
 
 
 def param_count(head: Eagle3Head) -> int:

@@ -37,12 +37,18 @@ from autotune.forecast.predict import (SUFFIX_DEFAULTS, Acceptance, DraftTrace, 
                               eagle3_acceptance, eagle3_traces, ngram_acceptance, suffix_acceptance,
                               suffix_available)
 
-REPLAYED = ("ngram", "draft_model", "suffix", "eagle3")  # methods whose acceptance the baseline's tokens give
+REPLAYED = ("ngram", "draft_model", "suffix", "eagle3", "dflash")  # methods whose acceptance the baseline's tokens give
 # Methods vLLM runs with a depth per batch size (the suffix proposer asserts one fixed k).
 SCHEDULED = ("ngram", "draft_model")
 SUFFIX_KEYS = tuple(SUFFIX_DEFAULTS)
 # What acceptance reads.
-SHAPE = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_KEYS)
+SHAPE = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_KEYS,
+         "parallel_drafting")
+# What has no replay yet, in one line each (measured without a forecast).
+UNFORECAST = {"dflash": "dflash: no forecast (the drafter was not traced over the baseline's outputs); measured",
+              "dspark": "dspark: no forecast (a block drafter's drafts are not replayed yet); measured",
+              "parallel_drafting": "parallel drafting: no forecast (the head's trace follows chained drafts, "
+                                   "not one parallel pass); measured"}
 Z = 1.96  # 95% intervals
 # Prior step cost r - 1 = a + b*k per method, (mean, sd) of a and of b: wide, so one measured depth
 # dominates it. Measured on the demo pair (2 CPU cores): ngram r ~ 1.3 at k=4, draft r ~ 1.75 at k=2.
@@ -51,6 +57,7 @@ PRIORS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "draft_model": ((0.2, 0.5), (0.25, 0.3)),
     "suffix": ((0.2, 0.5), (0.03, 0.15)),  # a tree walk per step, and verifying like ngram
     "eagle3": ((0.2, 0.5), (0.15, 0.3)),  # one head layer per drafted token, over the target's states
+    "dflash": ((0.2, 0.5), (0.03, 0.15)),  # one drafter pass a step whatever k: k costs the verification
 }
 FLOOR = 0.03  # least relative noise of one measured speedup beyond its windows: engine instances differ
 KNOB_PRIOR_SD = 0.2  # log-factor of an unmeasured knob value: +-20% either way
@@ -122,6 +129,9 @@ class AcceptanceTable:
     # The model runner ngram runs on (autotune.core.runner): the baseline's own, as its engine
     # reported it (ngram needs nothing V2 lacks); V1 for studies that did not record one (CPU).
     ngram_runner: str = "v1"
+    # A DFlash drafter's blocks along each output, per depth (request id -> {"drafts": {k: blocks},
+    # "beyond": ...}: autotune.forecast.dflash_drafter.trace); a block's drafts are walked as a chain's.
+    dflash: Mapping[str, dict[str, Any]] | None = None
     _cache: dict[tuple[Any, ...], Acceptance | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -131,6 +141,10 @@ class AcceptanceTable:
         self._eagle3: list[Eagle3Trace] = eagle3_traces(usable, self.eagle3) if self.eagle3 else []
         # The depth the chains were traced to: deeper drafts are not known.
         self._eagle3_depth = min((len(c) for t in self._eagle3 for c in t.drafts), default=0)
+        depths = {k for t in (self.dflash or {}).values() for k in t.get("drafts", {})}
+        self._dflash: dict[int, list[Eagle3Trace]] = {
+            int(k): eagle3_traces(usable, {rid: {"drafts": t["drafts"][k], "beyond": t.get("beyond", [])}
+                                           for rid, t in (self.dflash or {}).items()}) for k in depths}
 
     def get(self, params: Mapping[str, Any]) -> Acceptance | None:
         s = shape(params)
@@ -147,8 +161,10 @@ class AcceptanceTable:
                                     runner=self.ngram_runner)
         if p.get("method") == "draft_model" and self._traces and k:
             return draft_acceptance(self._traces, k=k)
-        if p.get("method") == "eagle3" and self._eagle3 and 0 < k <= self._eagle3_depth:
+        if p.get("method") == "eagle3" and self._eagle3 and 0 < k <= self._eagle3_depth and not p.get("parallel_drafting"):
             return eagle3_acceptance(self._eagle3, k=k)
+        if p.get("method") == "dflash" and k in self._dflash:
+            return eagle3_acceptance(self._dflash[k], k=k)
         if p.get("method") == "suffix" and self._pairs and k and suffix_available():
             knob = {key: p.get(key) if p.get(key) is not None else d for key, d in SUFFIX_DEFAULTS.items()}
             return suffix_acceptance(self._pairs, k=k, max_model_len=self.max_model_len,
@@ -158,7 +174,13 @@ class AcceptanceTable:
                                      max_cached_requests=int(knob["suffix_decoding_max_cached_requests"]))
         return None
 
-    def why_not(self, method: str) -> str:
+    def why_not(self, method: str, params: Mapping[str, Any] | None = None) -> str:
+        if method == "dflash" and self._dflash:
+            return f"dflash: the drafter was traced at k={', '.join(map(str, sorted(self._dflash)))}; other depths are measured"
+        if method in UNFORECAST:
+            return UNFORECAST[method]
+        if (params or {}).get("parallel_drafting"):
+            return UNFORECAST["parallel_drafting"]
         if method == "draft_model" and not self._traces:
             if self.trace_failure:
                 return f"no draft trace: the trace failed ({self.trace_failure})"
@@ -317,7 +339,7 @@ class Model:
         c = Candidate(dict(params))
         base = self._plain_speedup(plain(params, self.baseline))
         if base is None:
-            return Forecast(dict(params), c.label, basis=self.table.why_not(c.method))
+            return Forecast(dict(params), c.label, basis=self.table.why_not(c.method, params))
         s, log_sd, r, a = base
         log_s, parts = math.log(s), []
         for kv in knobs(params, self.baseline).items():

@@ -176,7 +176,7 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             time.sleep(1.0)  # another worker measures the reference; candidates are judged against it
             continue
         if base is not None and not view.waiting:
-            if line := ensure_eagle3_trace(study, view, space, cfg):
+            if line := ensure_eagle3_trace(study, view, space, cfg, env=env):
                 progress.note(line)
             if needs_trace(space, cfg.settings) and \
                     (failure := trace_draft(study, view, space, cfg, env, cfg.results_dir)):
@@ -222,8 +222,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             study.tell(trial, state=TrialState.PRUNED)
             duplicates += 1
             continue
-        if not is_base and attrs.EAGLE3_TRACE not in view.user_attrs:  # a --try or grid eagle3 trial's forecast
-            if line := ensure_eagle3_trace(study, view, space, cfg, cand.params):
+        if not is_base and not {attrs.EAGLE3_TRACE, attrs.DFLASH_TRACE} <= set(view.user_attrs):  # --try, grid: forecasts
+            if line := ensure_eagle3_trace(study, view, space, cfg, cand.params, env=env):
                 progress.note(line)
             view = StudyView.of(study)  # the trace just kept (if any) is what the forecast reads
         run_one(study, view, trial, cand, workload, space, cfg, progress, is_base, env=env, stop=stop)

@@ -26,6 +26,10 @@ from autotune.forecast.forecast import AcceptanceTable, Forecast, Model, Observa
 from autotune.measure.objectives import WINDOWS, metric_key
 from autotune.forecast.policy import (ASK, Step, next_in_grid,
                                       next_predicted, past_the_edge)
+from autotune.study.head_trace import baseline_key, ensure_eagle3_trace, trace_eagle3, traced_models
+
+__all__ = ["ensure_eagle3_trace", "forecast_table", "needs_trace", "plan", "ranked", "study_model", "trace_draft",
+           "trace_eagle3"]
 
 if TYPE_CHECKING:
     from autotune.study.view import StudyView
@@ -36,12 +40,6 @@ if TYPE_CHECKING:
 _tables: dict[tuple[Any, ...], AcceptanceTable] = {}
 _traces: dict[tuple[Any, ...], threading.Lock] = {}  # one lock per baseline and trace: each runs once
 _lock = threading.Lock()  # guards the two dicts only; never held while anything is computed or run
-
-
-def _baseline_key(view: StudyView, base: Any) -> tuple[str, int, str]:
-    # The study's name alone is not enough (two studies of one name in one process, e.g. a test
-    # suite's, would share a stale table), so the baseline's start time is part of the key.
-    return view.name, base.number, str(base.datetime_start)
 
 
 def study_model(view: StudyView, space: Any, max_model_len: int | None, *, level: str | None = None
@@ -61,17 +59,18 @@ def study_model(view: StudyView, space: Any, max_model_len: int | None, *, level
     old = view.superseded
     trace = view.user_attrs.get(attrs.DRAFT_TRACE) or {}
     eagle3 = view.user_attrs.get(attrs.EAGLE3_TRACE) or {}
+    dflash = view.user_attrs.get(attrs.DFLASH_TRACE) or {}
     # ngram replays the rule of the runner the baseline's engine ran (autotune.core.runner)
     ngram_runner = attrs.measurement(base).get("model_runner") or "v1"
     # Replays are cached per baseline trial (and its traces, once there are).
-    key = (*_baseline_key(view, base), bool(trace.get("argmax")), trace.get("failure"), bool(eagle3.get("traces")),
-           ngram_runner)
+    key = (*baseline_key(view, base), bool(trace.get("argmax")), trace.get("failure"), bool(eagle3.get("traces")),
+           bool(dflash.get("traces")), ngram_runner)
     with _lock:
         table = _tables.get(key)
     if table is None:  # built outside the lock: two threads may both build it, the first kept
         table = AcceptanceTable(base.user_attrs.get(attrs.OUTPUTS, []), trace.get("argmax"), max_model_len or 1 << 30,
                                 trace_failure=trace.get("failure"), eagle3=eagle3.get("traces"),
-                                ngram_runner=ngram_runner)
+                                ngram_runner=ngram_runner, dflash=dflash.get("traces"))
         with _lock:
             table = _tables.setdefault(key, table)
     def k(metric: str, suffix: str = "") -> str:  # the measurement key at this level
@@ -150,15 +149,8 @@ def forecast_for(view: StudyView, space: Any, params: Mapping[str, Any], max_mod
     return None if got is None else got[0].forecast(params)
 
 
-def _traced(space: Any, settings: Any) -> tuple[bool, bool]:
-    """(the draft model, the EAGLE-3 head): which the space searches and the study has."""
-    methods = next((p.choices for p in space.params if p.name == "method"), ())
-    return ("draft_model" in methods and bool(settings.draft_model),
-            "eagle3" in methods and bool(getattr(settings, "eagle3_head", None)))
-
-
 def needs_trace(space: Any, settings: Any) -> bool:
-    return any(_traced(space, settings))
+    return any(traced_models(space, settings))
 
 
 def trace_draft(study: Any, view: StudyView, space: Any, cfg: Any, env: dict[str, str], results_dir: Path
@@ -174,13 +166,13 @@ def trace_draft(study: Any, view: StudyView, space: Any, cfg: Any, env: dict[str
     from autotune.run.worker import run_trial
 
     base = view.baseline
-    draft, eagle3 = _traced(space, cfg.settings)
+    draft, eagle3 = traced_models(space, cfg.settings)
     if base is not None and eagle3 and attrs.EAGLE3_TRACE not in view.user_attrs:
-        trace_eagle3(study, view, space, cfg, base)
+        trace_eagle3(study, view, space, cfg, base, env)
     if base is None or not draft or attrs.DRAFT_TRACE in view.user_attrs:
         return None
     with _lock:
-        mine = _traces.setdefault(_baseline_key(view, base), threading.Lock())
+        mine = _traces.setdefault(baseline_key(view, base), threading.Lock())
     with mine:
         if _kept(study, attrs.DRAFT_TRACE):
             return None
@@ -201,55 +193,6 @@ def _kept(study: Any, key: str) -> bool:
     from autotune.study.view import StudyView
 
     return key in StudyView.of(study).user_attrs
-
-
-def trace_eagle3(study: Any, view: StudyView, space: Any, cfg: Any, base: Any) -> str | None:
-    """The EAGLE-3 head's chained greedy drafts along the baseline's outputs, as deep as the space
-    searches (transformers: the target's hidden states and the head, autotune.forecast.eagle3_trace),
-    kept in the study (``eagle3_trace``) for every eagle3 forecast; a failure is kept instead, and
-    eagle3 is then measured without a forecast. Before anything is loaded, autotune.forecast.eagle3_fit
-    checks the head's format and the target's size against the RAM: where either fails, nothing is
-    loaded. Returns the line to say when the trace was skipped or failed (to the caller that ran it)."""
-    import time
-
-    from autotune.forecast import eagle3_fit
-
-    with _lock:
-        mine = _traces.setdefault((*_baseline_key(view, base), "eagle3"), threading.Lock())
-    with mine:
-        if _kept(study, attrs.EAGLE3_TRACE):
-            return None
-        depth = max((int(v) for p in space.params if p.name == "num_speculative_tokens" for v in p.values()),
-                    default=1)
-        outputs = [o for o in base.user_attrs.get(attrs.OUTPUTS, []) if o.get("prompt_token_ids") and o.get("token_ids")]
-        t0 = time.monotonic()
-        skip = eagle3_fit.why_not(str(cfg.settings.eagle3_head), str(cfg.settings.model))
-        if skip is not None:
-            study.set_user_attr(attrs.EAGLE3_TRACE, {"failure": f"not traced: {skip}", "wall_s": 0.0})
-            return f"eagle3 forecast skipped: {skip}; eagle3 is measured without one"
-        try:
-            from autotune.forecast.eagle3_trace import trace
-
-            traced = trace([(o["prompt_token_ids"], o["token_ids"]) for o in outputs], depth=depth,
-                           head_dir=Path(cfg.settings.eagle3_head), target_dir=Path(cfg.settings.model), threads=2)
-            got: dict[str, Any] = {"traces": {o["id"]: t for o, t in zip(outputs, traced)}, "depth": depth}
-        except Exception as e:  # noqa: BLE001 - any failure means: measured, not forecast
-            got = {"failure": f"{type(e).__name__}: {e}"}
-        study.set_user_attr(attrs.EAGLE3_TRACE, {**got, "wall_s": round(time.monotonic() - t0, 1)})
-        if "failure" in got:
-            return f"eagle3 trace failed: {got['failure']}; eagle3 is measured without a forecast"
-        return None
-
-
-def ensure_eagle3_trace(study: Any, view: StudyView, space: Any, cfg: Any, params: dict[str, Any] | None = None
-                        ) -> str | None:
-    """The head's trace once a baseline exists (``trace_eagle3``), before planning (``params`` None)
-    and before any eagle3 trial, whatever put it in line (--try, a grid, a plan); the line to say, if any."""
-    if (params is not None and params.get("method") != "eagle3") or attrs.EAGLE3_TRACE in view.user_attrs \
-            or not _traced(space, cfg.settings)[1]:
-        return None
-    base = view.baseline
-    return None if base is None else trace_eagle3(study, view, space, cfg, base)
 
 
 def ranked(view: StudyView, space: Any, max_model_len: int | None) -> list[dict[str, Any]]:
