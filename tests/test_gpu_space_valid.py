@@ -245,7 +245,8 @@ def check_kwargs(v, kw: dict[str, Any], where: str, *, whole: bool = False) -> N
         want, why = runner.expected(spec, triton=True, env={})
         if chose != want:
             raise Invalid(f"{where}: vLLM runs it on {runner.name(chose)}; autotune expects {runner.name(want)} ({why})")
-        v.seen["runners"].setdefault((spec or {}).get("method", "none"), set()).add(chose)
+        method = (spec or {}).get("method", "none") + (" parallel" if (spec or {}).get("parallel_drafting") else "")
+        v.seen["runners"].setdefault(method, set()).add(chose)
 
 
 def settings_for(v, c: Candidate) -> Settings:
@@ -300,6 +301,7 @@ def test_every_gpu_candidate_passes_vllms_config_validation(v):
     # the CUDA build's runner per method, as vLLM chose it with Triton present
     assert v.seen["runners"]["none"] == v.seen["runners"]["ngram"] == v.seen["runners"]["eagle3"] == {"v2"}
     assert v.seen["runners"]["suffix"] == {"v1"}
+    assert v.seen["runners"].get("eagle3 parallel", {"v1"}) == {"v1"}  # V2 lacks parallel drafting
     print(f"\n{n} gpu-space candidates validated; {len(v.seen['values']['model'])} distinct target+speculative "
           f"configs built; {len(v.seen['engine'])} whole VllmConfigs built (CPU platform)"
           + ("" if v.arctic else "; Arctic Inference not installed: suffix config checked with its import faked"))

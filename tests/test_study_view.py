@@ -24,7 +24,7 @@ from autotune.study.view import StudyView
 
 PACKAGE = ROOT / "autotune"
 COVERED = [PACKAGE / "study" / f"{m}.py" for m in (
-    "budget", "figures", "holdout", "opening", "pareto", "record", "remeasure", "schedule", "select", "storage",
+    "budget", "figures", "head_trace", "holdout", "opening", "pareto", "record", "remeasure", "schedule", "select", "storage",
     "strategy", "trials")] + [
     PACKAGE / "results" / "files.py", PACKAGE / "results" / "started.py", PACKAGE / "gate" / "deployed.py"]
 LEFT_OUT = {
