@@ -188,10 +188,10 @@ def run_passes(args: argparse.Namespace, spec_text: str) -> int:
         done += float(data.get("duration") or 0.0)
         if done >= float(spec.get("min_s") or 0) or n >= int(spec.get("max") or 1):
             return n
-        _reset(args.base_url, drafter=bool(spec.get("drafter")))
+        reset_caches(args.base_url, drafter=bool(spec.get("drafter")))
 
 
-def _reset(base_url: str, *, drafter: bool) -> None:
+def reset_caches(base_url: str, *, drafter: bool) -> None:
     """Empty the server's prefix cache and (``drafter``) its proposer's cross-request state through the
     dev endpoints, as the study does between windows (autotune.run.served_engine); exit on a refusal."""
     import json

@@ -6,7 +6,10 @@ server with `vllm bench serve`. In the demo runs the study's baseline read slowe
 confirm's (146-149 against 179-221 tok/s in one run) while the pick read alike, which lifts the
 claimed speedup over the served one. Fresh instances differ by 25-30% on this machine, so this
 compares the two clients on the **same** server instance, alternating (ABAB), with the prefix
-cache reset before each window and each bench run: what is left is the client.
+cache and a stateful proposer's cache (suffix decoding's, through the measuring worker extension:
+autotune.run.vllm_ext) emptied before each window and each bench run: what is left is the client.
+(Before round 5 the suffix cache was not emptied before the bench runs, which then drafted the
+answers the study's window had just memorised: the pick's bench readings of client_gap.json.)
 
 For each side (the baseline, the pick) of a finished study folder (default: results/demo), one
 server is started from the study's own scripts (confirm/baseline.sh, serve.sh), then ``--rounds``
@@ -37,6 +40,8 @@ from autotune.run.replay import measure_windows, prompt_text, replay_requests
 from autotune.run.served_engine import ServedEngine
 from autotune.serve.bench_client import read_bench
 from autotune.serve.servers import HOST, free_port, run_client, serving
+from autotune.run.vllm_ext import QUALNAME
+from autotune.vllm_cli import reset_caches as reset
 
 
 async def _own_window(engine: ServedEngine, reqs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -73,13 +78,14 @@ def main() -> None:
         port = free_port()
         own: list[dict[str, Any]] = []
         bench: list[dict[str, Any]] = []
-        with serving(["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)], port=port,
+        hooks = ["--worker-extension-cls", QUALNAME] if st.stateful[side] else []
+        with serving(["bash", str(st.scripts[side]), *hooks, "--host", HOST, "--port", str(port)], port=port,
                      log_path=st.out / f"gap-{side}.log", env={**st.env, "VLLM_SERVER_DEV_MODE": "1"},
                      what=f"the {side} server") as server:
             engine = ServedEngine(engine_kwargs=kwargs[side], log_path=st.out / f"gap-{side}.log", port=port)
             for i in range(args.rounds):
                 for client in (("own", "bench") if i % 2 == 0 else ("bench", "own")):
-                    harness.reset_prefix_cache(server.base_url)
+                    reset(server.base_url, drafter=st.stateful[side])  # prefix cache, and a suffix cache
                     if client == "own":
                         own.append(asyncio.run(_own_window(engine, reqs, warmup=2)))  # the study's --warmup default
                         got = own[-1]

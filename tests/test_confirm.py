@@ -97,7 +97,7 @@ FAKE = textwrap.dedent('''\
         if tok_s > 100:
             out.update(spec_decode_acceptance_rate=60.0, spec_decode_acceptance_length=2.5)
         # passes on the one server until AUTOTUNE_PASSES' seconds, caches emptied between (autotune.vllm_cli)
-        from autotune.vllm_cli import _reset, pass_name
+        from autotune.vllm_cli import pass_name, reset_caches
         spec = json.loads(os.environ.get("AUTOTUNE_PASSES") or "{}")
         done, k = 0.0, 0
         while True:
@@ -108,7 +108,7 @@ FAKE = textwrap.dedent('''\
             done += out["duration"]
             if not spec or done >= spec["min_s"] or k >= spec["max"]:
                 break
-            _reset(opt("--base-url"), drafter=bool(spec.get("drafter")))
+            reset_caches(opt("--base-url"), drafter=bool(spec.get("drafter")))
     else:
         sys.exit(f"fake launcher: unexpected {argv}")
 ''')
@@ -648,8 +648,10 @@ def test_real_engine_confirms_a_short_studys_pick(study_dir, tmp_path):
     # decided on the claimed/served interval: one served round has none, so the claim's interval decides
     assert report["served_vs_claimed"].split(":")[0] in (sv.WITHIN, sv.CONSISTENT, sv.DIFFER), ratio
     assert served["order"] == ["baseline", "pick"] and served["vllm_version"] == report["vllm_version"]
+    # each server measured in passes of vLLM's own client until the measured seconds reach confirm's floor
+    assert all(r["passes"] >= 2 and r["duration_s"] >= c.MIN_PASS_S for r in served["per_round"]), served["per_round"]
     for side in c.SIDES:
-        data = json.loads((d / "confirm" / f"round-1-{side}.json").read_text())
+        data = json.loads((d / "confirm" / f"round-1-{side}.pass1.json").read_text())
         assert data["completed"] == 8 and data["failed"] == 0 and data["output_throughput"] > 0
         assert "Application startup complete" in (d / "confirm" / f"round-1-{side}.log").read_text()
     # vLLM's own counters, through the server: the pick speculated, the baseline did not
