@@ -13,7 +13,10 @@ speculative config moves with it more than the baseline (log sd 0.149 against 0.
 (tests/sim_study.py); also confirm's served rounds as the holdout (``--confirm`` path): rounds drawn
 from the same model after the study, stopped by confirm's own rule (autotune.measure.sequential).
 ``--mode fake``: whole studies on the FAKE engine (tests/fake_engine.py, a worker process per trial,
-AUTOTUNE_FAKE_STATE and AUTOTUNE_FAKE_TRUE), at one ``--phi``.
+AUTOTUNE_FAKE_STATE and AUTOTUNE_FAKE_TRUE), at one ``--phi``. ``--mode gate``: warm-started studies in
+memory whose pick (ngram k=1) is as fast as the deployed config (k=2) or 10% slower, then `autotune
+check` (autotune.gate.check.compare) on the study's report at ``--tolerance``: how often it passes,
+fails and cannot tell, and the pairs the holdout measured.
 
 Run: PYTHONPATH=.:tests .venv/bin/python benchmarks/calibration_fake.py [--mode memory] [--studies 1000]
 Writes benchmarks/data/calibration_holdout.json (memory) or calibration_fake_studies.json (fake).
@@ -144,17 +147,54 @@ def fake(args) -> dict:
                        if done else None, "wall_s": round(time.time() - t0, 1), "rows": rows}}
 
 
+def gate(args) -> dict:
+    """`check` on warm-started studies in memory (the holdout's pick/deployed pairs): pass, fail, cannot tell."""
+    import collections
+
+    from autotune.gate.check import compare
+    from sim_study import Truth, report_of, simulate
+
+    old = {"best": {"label": "ngram k=2", "candidate": {"method": "ngram", "num_speculative_tokens": 2}, "trial": 0,
+                    "verdict": {"passed": True}, "speedup": {"output_tok_s": 3.0}, "measurement": {}},
+           "objectives": ["output_tok_s"]}
+    out = {}
+    for phi in args.phi:
+        for ratio in (1.0, 0.9):
+            t0, counts, pairs = time.time(), collections.Counter(), []
+            for seed in range(args.studies):
+                truth = Truth({1: 3.0 * ratio, 2: 3.0, 3: 2.0, 4: 1.9, 5: 1.8})
+                view = simulate(seed, Noise(phi=phi), truth=truth, tolerance=args.tolerance,
+                                deployed={"method": "ngram", "num_speculative_tokens": 2})
+                rep = report_of(view)
+                r = compare(rep, old, tolerance=args.tolerance)
+                same = rep["best"]["label"] == "ngram k=2"  # the pick is the deployed config itself
+                counts[("same config: " if same else "") + r.status] += 1
+                g = ((rep.get("gate") or {}).get("objectives") or {}).get("output_tok_s") or {}
+                if not same:
+                    pairs.append(g.get("pairs") or 0)
+            n = args.studies
+            out[f"{phi}/{ratio}"] = {"phi": phi, "true_ratio": ratio, "studies": n, "outcomes": dict(counts),
+                                     "pass": sum(v for k, v in counts.items() if k.endswith("ok")) / n,
+                                     "fail": sum(v for k, v in counts.items() if k.endswith("regression")) / n,
+                                     "cannot_tell": sum(v for k, v in counts.items() if k.endswith("cannot tell")) / n,
+                                     "median_pairs": statistics.median(pairs) if pairs else None,
+                                     "wall_s": round(time.time() - t0, 1)}
+            print(f"phi {phi}, true ratio {ratio}: {dict(counts)}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = harness.parser(__doc__, summary=True)
-    ap.add_argument("--mode", choices=("memory", "fake"), default="memory")
+    ap.add_argument("--mode", choices=("memory", "fake", "gate"), default="memory")
+    ap.add_argument("--tolerance", type=float, default=0.05, help="--mode gate: check's tolerance")
     ap.add_argument("--studies", type=int, default=1000)
     ap.add_argument("--phi", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.5, 0.8, 0.9])
     ap.add_argument("--pairs", type=int, default=4, help="holdout pairs (the study's --pairs)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    out = args.out or harness.DATA / ("calibration_holdout.json" if args.mode == "memory"
-                                      else "calibration_fake_studies.json")
-    results = memory(args) if args.mode == "memory" else fake(args)
+    out = args.out or harness.DATA / {"memory": "calibration_holdout.json", "fake": "calibration_fake_studies.json",
+                                      "gate": "calibration_gate.json"}[args.mode]
+    results = {"memory": memory, "fake": fake, "gate": gate}[args.mode](args)
     harness.save(out, {"what": "the pick's 95% interval (the holdout's figure; with --confirm the served rounds') "
                                "against its true speedup, through autotune's selection and estimate",
                        "mode": args.mode, "noise": Noise().__dict__ | {"phi": args.phi}, "pairs": args.pairs,

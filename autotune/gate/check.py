@@ -264,7 +264,7 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
                 continue
             if same := _same_evidence(new, old):
                 c = ObjectiveChange(name, dirn, 1.0, 1.0, 1.0, 1.0, 1.0, OK, unit=same)
-            elif basis == SAME_RUN and not _same_config(nb, dep) and \
+            elif basis == SAME_RUN and not _same_config(nb, dep, new.get("selection")) and \
                     (c := _paired(name, dirn, new.get("gate") or {}, tolerance)) is not None:
                 pass  # the holdout's pairs (a study with --no-remeasure has none: the windows below)
             elif basis == TWO_RUNS and name == "output_tok_s" and served is not None and served.ratio is not None:
@@ -273,7 +273,7 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
                                     served.ratio_hi, decide(served.ratio, served.ratio_lo, served.ratio_hi, tolerance))
             else:
                 c = (_same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance,
-                               same_trial=nb.get("trial") is not None and nb.get("trial") == dep.get("trial"))
+                               same_trial=_same_config(nb, dep, new.get("selection")))
                      if dep is not None else _two_runs(name, dirn, new, old, tolerance))
             if c is None:
                 notes.append(f"{name}: not measured on both sides, not compared")
@@ -309,8 +309,14 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
                        basis=basis, drift=drift, notes=notes, changed_context=changed, undecided=undecided)
 
 
-def _same_config(nb: dict[str, Any], dep: dict[str, Any] | None) -> bool:
-    return dep is not None and nb.get("trial") is not None and nb.get("trial") == dep.get("trial")
+def _same_config(nb: dict[str, Any], dep: dict[str, Any] | None, selection: dict[str, Any] | None = None) -> bool:
+    """The new pick is the deployed config (its re-measurement, or a pooled record of it: the selection
+    names the pick by its first record, which is the deployed trial): nothing changed."""
+    if dep is None:
+        return False
+    first = (selection or {}).get("trial")
+    return (nb.get("trial") is not None and nb.get("trial") == dep.get("trial")) or \
+        (first is not None and first == dep.get("trial"))
 
 
 def _same_evidence(new: dict[str, Any], old: dict[str, Any]) -> str | None:
