@@ -73,7 +73,7 @@ def _other_baseline(view: StudyView, number: int) -> int | None:
 def _reference(view: StudyView) -> Reference:
     ua = view.baseline.user_attrs
     return Reference(ua.get(attrs.OUTPUTS, []), ua.get(attrs.SAMPLES, {}), ua.get(attrs.SCORES, {}),
-                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())))
+                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())), view.user_attrs.get(attrs.NUMERICS))
 
 
 def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Candidate, workload: Workload,
@@ -187,10 +187,14 @@ def _record(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
     base = view.baseline
     second = reference is not None and of is not None and base is not None and of == base.number
     ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference, second_baseline=second)
-    if second:  # the baseline's floor: it widens every later verdict's near-tie threshold
+    if second:  # the baseline's floor: it widens every later verdict's near-tie threshold, up to the cap
         # ``view`` holds every earlier floor: a round is queued only when the one before it has ended
-        floor = [*view.user_attrs.get(attrs.NUMERICS_FLOOR, ()), *ev.verdict.flip_margins]
+        cap = (view.user_attrs.get(attrs.NUMERICS) or {}).get("cap", float("inf"))
+        floor = [*view.user_attrs.get(attrs.NUMERICS_FLOOR, ()), *(m for m in ev.verdict.flip_margins if m < cap)]
         study.set_user_attr(attrs.NUMERICS_FLOOR, floor)
+        if ev.verdict.numerics_findings:  # flips above the cap: reported, widening nothing
+            found = [*view.user_attrs.get(attrs.NUMERICS_FINDINGS, ()), *ev.verdict.numerics_findings]
+            study.set_user_attr(attrs.NUMERICS_FINDINGS, found)
     if of is not None and not ev.failure:  # one record of both engine instances (autotune.measure.metrics.pool)
         ev = pooled(ev, view.trial(of), cfg)
     trial.set_user_attr(attrs.MEASUREMENT, ev.measurement)
@@ -203,6 +207,7 @@ def _record(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
         trial.set_user_attr(attrs.OUTPUTS, ev.reference.outputs)
         trial.set_user_attr(attrs.SAMPLES, ev.reference.samples)
         trial.set_user_attr(attrs.SCORES, ev.reference.scores)
+        study.set_user_attr(attrs.NUMERICS, ev.reference.numerics)  # what every later verdict allows
     if ev.failure:
         cause = explain(outcome.log_path)
         trial.set_user_attr(attrs.FAILURE, ev.failure + cause)

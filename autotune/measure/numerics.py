@@ -1,0 +1,244 @@
+"""The numerics a study's greedy verdicts allow, measured on its own baseline.
+
+Speculation verifies k+1 tokens in one pass where plain decoding runs one, and a prefill scores
+many: other matmul and attention shapes, so the logits move by the dtype's rounding, and a greedy
+token flips where the top two were closer than that. How far they move is this model's, this
+platform's and this dtype's own: the baseline measures it once per study. After its measured windows
+it decodes (a sample of) its greedy requests again with their top log-probs (``decode``) and scores
+the same tokens teacher-forced in one prefill (``scores``, autotune.run.replay); the **drift** is the
+decoded token's log-prob under the two shapes, |decode - prefill|, at every position.
+
+The **threshold** is ``DRIFT_MULT`` times its ``DRIFT_QUANTILE`` quantile (twice: at a tie a margin
+moves twice as far as each token's log-prob), never below the dtype's rounding at the model's own
+logit scale (autotune.measure.nearties.dtype_threshold). That scale is read from the logits: in a
+16-bit dtype every logit is on the dtype's grid, so the difference of the top two log-probs (a
+difference of two logits) is a multiple of the grid's step, which says the logits' binade
+(``logit_scale``). In float32 the step is below the scores' 1e-5 resolution: the scale is assumed.
+
+The drift's distribution is also the **null** of the excess test (autotune.measure.every_token): under
+numerics alone a position whose top token leads by m nats flips with probability at most
+``null_rate(m)``, the share of positions whose drift reached m / 2.
+
+A baseline's fresh instance that flips against the first widens the threshold (numerics by
+definition), but only up to ``CAP_MULT`` times it (``widen``): a flip above the cap is a finding
+("the baseline does not reproduce itself"), reported and widening nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.measure.nearties import DTYPE_BITS, LOGIT_SCALE, Threshold, dtype_threshold
+
+DRIFT_MULT = 2.0  # threshold: this many times the drift's high quantile (a tie's margin moves twice as far)
+DRIFT_QUANTILE = 0.999
+CAP_MULT = 2.0  # a baseline's own flips widen the threshold up to this many times it, no further
+TAIL_POINTS = 512  # the drift's nonzero values kept (as quantiles) for the null
+GRID_MIN_POSITIONS = 20  # positions needed to read the logits' grid
+GRID_STEPS = range(8, -11, -1)  # the grid steps tried, 2^8 down to 2^-10 nats (finer is below the scores' 1e-5)
+GRID_TOL = 3e-5  # scores are rounded to 1e-5 (autotune.run.replay); their float32 error is below it
+# A grid that says the logits are larger than this is no grid (round numbers, as a fake engine's):
+# language models' top logits are tens of nats (the demo target's at most 24, benchmarks/data/near_ties.json).
+GRID_MAX_SCALE = 128.0
+
+
+def top_gap(top: list[list[float]], own: int, own_lp: float) -> tuple[float, float]:
+    """At one scored position: the top log-prob minus the emitted token's (0: it is a top token),
+    and the top minus the best log-prob below it (inf: nothing below it in the top k)."""
+    lps = {int(t): float(lp) for t, lp in top}
+    lps[int(own)] = float(own_lp)
+    best = max(lps.values())
+    below = [lp for lp in lps.values() if lp < best]
+    return best - float(own_lp), best - max(below) if below else math.inf
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))] if xs else 0.0
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The decoded tokens' log-prob drift between decode and prefill shapes, summarized."""
+
+    positions: int
+    requests: int
+    max: float
+    quantile: float  # DRIFT_QUANTILE's
+    p99: float
+    nonzero: int  # positions that moved at all
+    tail: tuple[float, ...] = ()  # the nonzero drifts at TAIL_POINTS quantiles, ascending
+
+    def share_at_least(self, x: float) -> float:
+        """The share of positions whose drift reached ``x``."""
+        if not self.positions or not self.tail or x > self.tail[-1]:
+            return 0.0
+        if x <= 0:
+            return 1.0
+        return sum(v >= x for v in self.tail) / len(self.tail) * self.nonzero / self.positions
+
+
+def measure_drift(decode: dict[str, dict[str, Any]], scores: dict[str, dict[str, Any]]) -> Drift | None:
+    """Each decoded token's log-prob against its teacher-forced one, on the common prefix of the
+    decoded path and the scored one (both are the baseline's greedy output; they part only where its
+    own decodes do). ``decode``, ``scores``: request id -> {token_ids, logprobs, top}."""
+    diffs: list[float] = []
+    requests = 0
+    for rid, d in decode.items():
+        s = scores.get(rid)
+        if not s or "logprobs" not in s or "logprobs" not in d:
+            continue
+        n = 0
+        for a, b in zip(d["token_ids"], s["token_ids"]):
+            if a != b:
+                break
+            n += 1
+        diffs += [abs(x - y) for x, y in zip(d["logprobs"][:n], s["logprobs"][:n])]
+        requests += n > 0
+    if not diffs:
+        return None
+    diffs.sort()
+    nonzero = [x for x in diffs if x > 0]
+    step = max(1, len(nonzero) // TAIL_POINTS)
+    tail = tuple(round(x, 7) for x in nonzero[step - 1::step]) if nonzero else ()
+    return Drift(positions=len(diffs), requests=requests, max=diffs[-1], quantile=_quantile(diffs, DRIFT_QUANTILE),
+                 p99=_quantile(diffs, 0.99), nonzero=len(nonzero), tail=tail)
+
+
+def _grid_step(d: float) -> int | None:
+    """The largest power of two (its exponent) that ``d`` is a multiple of, within the scores' rounding."""
+    for j in GRID_STEPS:
+        k = d / 2.0 ** j
+        if round(k) >= 1 and abs(d - round(k) * 2.0 ** j) <= GRID_TOL:
+            return j
+    return None
+
+
+def logit_scale(scores: dict[str, dict[str, Any]], dtype: str | None) -> tuple[float | None, str]:
+    """The logits' magnitude read from the grid of a 16-bit dtype, and how it was read (None: not
+    readable). A value in [2^e, 2^(e+1)) has step 2^(e - bits + 1); the difference of two logits is a
+    multiple of the smaller one's step, so its largest power-of-two divisor (more by chance for an even
+    multiple) bounds that step from above. The median over positions of 2^(step exponent + bits), the
+    top of that binade, is the scale."""
+    name = (dtype or "").removeprefix("torch.").lower()
+    bits = DTYPE_BITS.get(name)
+    if bits is None or bits > 11:
+        return None, f"{name or 'the dtype unknown'}: no grid above the scores' resolution"
+    steps: list[int] = []
+    seen = 0
+    for s in scores.values():
+        for tok, lp, top in zip(s.get("token_ids", ()), s.get("logprobs", ()), s.get("top", ())):
+            lps = sorted({float(x) for _, x in top} | {float(lp)}, reverse=True)
+            if len(lps) < 2:
+                continue
+            seen += 1
+            j = _grid_step(lps[0] - lps[1])
+            if j is not None:
+                steps.append(j)
+    if seen < GRID_MIN_POSITIONS or len(steps) < 0.8 * seen:
+        return None, f"no {name} grid in {seen} scored positions"
+    scale = 2.0 ** (statistics.median_low(steps) + bits)
+    if scale > GRID_MAX_SCALE:
+        return None, f"the {name} grid read says logits of {scale:g}, above {GRID_MAX_SCALE:g}: not a grid"
+    return scale, f"measured: the median step of the top two logits on the {name} grid, {len(steps)} positions"
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """What a study's greedy verdicts allow: the threshold, what it was made of, and the drift (the
+    excess test's null). Stored in the study (autotune.core.attrs.NUMERICS) as ``to_dict()``."""
+
+    threshold: Threshold
+    dtype: str | None
+    floor: float  # the dtype's rounding at the logit scale
+    scale: float  # the logit scale the floor is taken at
+    scale_source: str
+    drift: Drift | None = None
+    cap: float = 0.0  # a baseline's own flips widen the threshold up to here
+
+    def null_rate(self, margin: float) -> float | None:
+        """At most the chance that numerics flip a top token that leads by ``margin`` nats: the share
+        of positions whose drift reached margin / 2, counted one more (no drift measured: None)."""
+        d = self.drift
+        if d is None:
+            return None
+        if margin <= 0:
+            return 1.0
+        n = d.positions
+        return (1.0 + n * d.share_at_least(margin / DRIFT_MULT)) / (1.0 + n)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["threshold"] = {"value": self.threshold.value, "source": self.threshold.source}
+        return out
+
+    @staticmethod
+    def from_dict(d: dict[str, Any] | None) -> Numerics | None:
+        if not d:
+            return None
+        drift = Drift(**{**d["drift"], "tail": tuple(d["drift"].get("tail", ()))}) if d.get("drift") else None
+        return Numerics(threshold=Threshold(**d["threshold"]), dtype=d.get("dtype"), floor=d["floor"],
+                        scale=d["scale"], scale_source=d.get("scale_source", ""), drift=drift, cap=d.get("cap", 0.0))
+
+
+def measure_numerics(dtype: str | None, scores: dict[str, dict[str, Any]] | None,
+                     decode: dict[str, dict[str, Any]] | None) -> Numerics:
+    """The threshold from the baseline's own drift (``decode`` against ``scores``), never below the
+    dtype's rounding at the logit scale read from ``scores`` (assumed where unreadable)."""
+    scale, how = logit_scale(scores or {}, dtype)
+    if scale is None:
+        scale, how = LOGIT_SCALE, f"assumed ({how})"
+    floor = dtype_threshold(dtype, scale)
+    drift = measure_drift(decode or {}, scores or {}) if decode else None
+    parts = [f"{floor.source}, the scale {how}"]
+    value = floor.value
+    if drift is None:
+        parts.append("decode-vs-prefill drift not measured")
+    else:
+        by_drift = DRIFT_MULT * drift.quantile
+        parts.append(f"{DRIFT_MULT:g} x the decode-vs-prefill drift's {DRIFT_QUANTILE:g} quantile "
+                     f"{drift.quantile:.3g} nats ({drift.positions} positions of {drift.requests} requests)")
+        value = max(value, by_drift)
+    th = Threshold(value, "the larger of: " + "; ".join(parts) if drift is not None else "; ".join(parts))
+    return Numerics(threshold=th, dtype=dtype, floor=floor.value, scale=scale, scale_source=how, drift=drift,
+                    cap=CAP_MULT * value)
+
+
+def numerics_for(base: Numerics | None, dtype: str | None, base_scores: dict[str, dict[str, Any]] | None) -> Numerics:
+    """The numerics a candidate computing in ``dtype`` is judged by: the baseline's where it computed
+    in the same dtype; else (a lossy dtype, or a study from before they were measured) the dtype's
+    rounding at the logit scale the baseline read, with no drift (no excess test)."""
+    if base is not None and base.dtype == dtype:
+        return base
+    if base is None:
+        return measure_numerics(dtype, base_scores, None)
+    floor = dtype_threshold(dtype, base.scale)
+    th = Threshold(floor.value, f"{floor.source} ({base.scale_source}); drift measured in {base.dtype}, not {dtype}")
+    return Numerics(threshold=th, dtype=dtype, floor=floor.value, scale=base.scale, scale_source=base.scale_source,
+                    cap=CAP_MULT * floor.value)
+
+
+@dataclass(frozen=True)
+class Widened:
+    """A threshold after a baseline's own flips, and the flips it would not take (findings)."""
+
+    threshold: Threshold
+    findings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def widen(th: Threshold, cap: float, flips: list[tuple[str, float]]) -> Widened:
+    """The threshold widened to just above the largest of the baseline's own flips (request, margin)
+    under ``cap`` (such a flip is numerics by definition); never narrowed. A flip at or above the cap
+    widens nothing and is a finding: the baseline does not reproduce itself there."""
+    under = [m for _, m in flips if m < cap]
+    findings = tuple(f"the baseline does not reproduce itself at margin {m:.3g} nats, request {rid!r} "
+                     f"(above the cap {cap:.3g}: widens nothing)" for rid, m in flips if m >= cap)
+    if not under or max(under) < th.value:
+        said = f"; {len(under)} baseline-vs-baseline flip(s), all below it" if under else ""
+        return Widened(Threshold(th.value, th.source + said) if said else th, findings)
+    top = max(under)
+    return Widened(Threshold(math.nextafter(top, math.inf), f"widened from {th.value:.3g} ({th.source}) by "
+                             f"{len(under)} baseline-vs-baseline flip(s), largest margin {top:.3g} (cap {cap:.3g})"),
+                   findings)
