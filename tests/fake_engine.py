@@ -136,7 +136,7 @@ def _windows(job: dict[str, Any], one: Any) -> list[dict[str, Any]]:
 # fake's numerics), the others where the baseline was sure.
 MARGINS = {"near": 0.01, "junk": 0.01, "near_accept": 0.1, "confident": 3.0, "fresh_baseline": 3.0}
 FLIP_KINDS = ("near", "confident", "junk", "near_accept")
-DECODE_DRIFT = 0.02  # the fake's decode-vs-prefill drift, at every position (its numerics)
+DECODE_DRIFT = 0.02  # the fake's decode-vs-prefill drift of a token's log-prob, at every position (its numerics)
 
 
 def _lp(t: int, drift: bool) -> float:
@@ -194,7 +194,8 @@ def _own_scores(job: dict[str, Any], records: list[dict[str, Any]], drift: bool)
 
 def _decodes(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) -> dict[str, dict[str, Any]]:
     """The baseline's greedy decodes with their log-probs (autotune.run.replay.decode_drift): its own
-    paths, every log-prob ``DECODE_DRIFT`` off its teacher-forced one, alternately up and down."""
+    paths, each path token's log-prob ``DECODE_DRIFT`` off its teacher-forced one, alternately up and
+    down, and the runner-up's the other way (the lead moves twice that)."""
     if not job.get("drift"):
         return {}
     from autotune.run.replay import DRIFT_MAX_REQUESTS
@@ -205,7 +206,8 @@ def _decodes(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) ->
         s = _score_path(r["token_ids"], drift, None, own=False)
         shift = [DECODE_DRIFT if j % 2 else -DECODE_DRIFT for j in range(len(r["token_ids"]))]
         out[r["id"]] = {"token_ids": s["token_ids"], "logprobs": [round(x + d, 5) for x, d in zip(s["logprobs"], shift)],
-                        "top": [[[t, round(lp + d, 5)] for t, lp in top] for top, d in zip(s["top"], shift)]}
+                        "top": [[[t, round(lp + (d if k == 0 else -d), 5)] for k, (t, lp) in enumerate(top)]
+                                for top, d in zip(s["top"], shift)]}
     return out
 
 

@@ -26,9 +26,10 @@ def _scores(n_req=8, n_tok=30, step=2.0 ** -4, seed=1):
 
 
 def _decoded(scores, drift):
-    """The scores' own paths decoded, each log-prob ``drift(i)`` off."""
+    """The scores' own paths decoded, each token's log-prob ``drift(i)`` off (its runner-up's not)."""
     return {rid: {"token_ids": s["token_ids"], "logprobs": [lp + drift(i) for i, lp in enumerate(s["logprobs"])],
-                  "top": s["top"]} for rid, s in scores.items()}
+                  "top": [[[t, lp + drift(i)], *rest] for i, ((t, lp), *rest) in enumerate(s["top"])]}
+            for rid, s in scores.items()}
 
 
 def test_the_logit_scale_is_read_from_the_bf16_grid_and_assumed_in_float32():
@@ -49,7 +50,8 @@ def test_the_drift_is_each_decoded_tokens_log_prob_against_its_prefill_one_on_th
     dec["r1"]["token_ids"] = dec["r1"]["token_ids"][:4] + [999] * 6  # parts after 4 tokens: the rest not compared
     d = measure_drift(dec, sc)
     assert d.positions == 14 and d.requests == 2 and d.max == pytest.approx(0.09)
-    assert d.nonzero == 12 and d.share_at_least(0.085) == pytest.approx(1 / 14, abs=0.02)
+    assert d.token.nonzero == 12 and d.token.share_at_least(0.085) == pytest.approx(1 / 14, abs=0.02)
+    assert d.lead.positions == 14 and d.lead.nonzero == 12  # the top two's lead moved as the token did
 
 
 def test_the_threshold_is_the_drift_times_two_floored_by_the_dtypes_rounding_at_the_measured_scale():
@@ -67,12 +69,12 @@ def test_the_threshold_is_the_drift_times_two_floored_by_the_dtypes_rounding_at_
     assert Numerics.from_dict(loud.to_dict()) == loud  # stored in the study and read back whole
 
 
-def test_the_null_rate_is_the_share_of_positions_whose_drift_reached_half_the_lead():
+def test_the_null_rate_is_the_share_of_positions_whose_lead_moved_that_far():
     sc = _scores(n_req=10, n_tok=100)
     n = measure_numerics("bfloat16", sc, _decoded(sc, lambda i: 0.05 if i % 10 == 0 else 0.0))  # 10% moved 0.05
     assert n.null_rate(0.0) == 1.0
-    assert n.null_rate(0.08) == pytest.approx((1 + 100) / 1001)  # drift 0.05 >= 0.04: a tenth of 1000
-    assert n.null_rate(0.2) == pytest.approx(1 / 1001)  # nothing moved 0.1: counted one more
+    assert n.null_rate(0.04) == pytest.approx((1 + 100) / 1001)  # a lead moved 0.05 >= 0.04: a tenth of 1000
+    assert n.null_rate(0.08) == pytest.approx(1 / 1001)  # none moved 0.08: counted one more
 
 
 def test_a_lossy_dtype_is_judged_by_its_rounding_at_the_baselines_scale():

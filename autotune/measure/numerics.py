@@ -15,9 +15,9 @@ logit scale (autotune.measure.nearties.dtype_threshold). That scale is read from
 difference of two logits) is a multiple of the grid's step, which says the logits' binade
 (``logit_scale``). In float32 the step is below the scores' 1e-5 resolution: the scale is assumed.
 
-The drift's distribution is also the **null** of the excess test (autotune.measure.every_token): under
-numerics alone a position whose top token leads by m nats flips with probability at most
-``null_rate(m)``, the share of positions whose drift reached m / 2.
+The drift is also the **null** of the excess test (autotune.measure.every_token): under numerics alone
+a position whose top token leads by m nats flips with probability at most ``null_rate(m)``, the
+share of the baseline's positions whose top-two lead moved by m between decode and prefill.
 
 A baseline's fresh instance that flips against the first widens the threshold (numerics by
 definition), but only up to ``CAP_MULT`` times it (``widen``): a flip above the cap is a finding
@@ -60,31 +60,65 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 @dataclass(frozen=True)
+class Tail:
+    """A drift's distribution, kept small: how many positions, how many moved, and the moves at
+    ``TAIL_POINTS`` quantiles (ascending)."""
+
+    positions: int
+    nonzero: int
+    values: tuple[float, ...] = ()
+
+    @staticmethod
+    def of(xs: list[float]) -> Tail:
+        moved = sorted(x for x in xs if x > 0)
+        step = max(1, len(moved) // TAIL_POINTS)
+        return Tail(len(xs), len(moved), tuple(round(x, 7) for x in moved[step - 1::step]))
+
+    def share_at_least(self, x: float) -> float:
+        """The share of positions whose drift reached ``x``."""
+        if x <= 0:
+            return 1.0
+        if not self.positions or not self.values or x > self.values[-1]:
+            return 0.0
+        return sum(v >= x for v in self.values) / len(self.values) * self.nonzero / self.positions
+
+
+@dataclass(frozen=True)
 class Drift:
-    """The decoded tokens' log-prob drift between decode and prefill shapes, summarized."""
+    """The baseline's drift between decode and prefill shapes: each decoded token's log-prob (the
+    threshold's measure), and the lead of the prefill's top token over its runner-up (the null's: a
+    flip needs the lead to move, and at a sure position a logit's move barely shows in the token's
+    log-prob, so the token's drift alone would understate how often leads move)."""
 
     positions: int
     requests: int
     max: float
-    quantile: float  # DRIFT_QUANTILE's
+    quantile: float  # DRIFT_QUANTILE's, of the token's drift
     p99: float
-    nonzero: int  # positions that moved at all
-    tail: tuple[float, ...] = ()  # the nonzero drifts at TAIL_POINTS quantiles, ascending
+    token: Tail
+    lead: Tail
 
-    def share_at_least(self, x: float) -> float:
-        """The share of positions whose drift reached ``x``."""
-        if not self.positions or not self.tail or x > self.tail[-1]:
-            return 0.0
-        if x <= 0:
-            return 1.0
-        return sum(v >= x for v in self.tail) / len(self.tail) * self.nonzero / self.positions
+    @property
+    def lead_max(self) -> float:
+        return self.lead.values[-1] if self.lead.values else 0.0
+
+
+def _lead_move(dec: list[list[float]], pre: list[list[float]]) -> float | None:
+    """How far the prefill's top-two lead moved in the decode, where the decode's top k holds both."""
+    p = sorted(((float(lp), int(t)) for t, lp in pre), reverse=True)
+    d = {int(t): float(lp) for t, lp in dec}
+    if len(p) < 2 or p[0][1] not in d or p[1][1] not in d:
+        return None
+    return abs((d[p[0][1]] - d[p[1][1]]) - (p[0][0] - p[1][0]))
 
 
 def measure_drift(decode: dict[str, dict[str, Any]], scores: dict[str, dict[str, Any]]) -> Drift | None:
-    """Each decoded token's log-prob against its teacher-forced one, on the common prefix of the
-    decoded path and the scored one (both are the baseline's greedy output; they part only where its
-    own decodes do). ``decode``, ``scores``: request id -> {token_ids, logprobs, top}."""
+    """Each decoded token's log-prob against its teacher-forced one, and each position's top-two lead,
+    on the common prefix of the decoded path and the scored one (both are the baseline's greedy
+    output; they part only where its own decodes do). ``decode``, ``scores``: request id ->
+    {token_ids, logprobs, top}."""
     diffs: list[float] = []
+    leads: list[float] = []
     requests = 0
     for rid, d in decode.items():
         s = scores.get(rid)
@@ -96,15 +130,13 @@ def measure_drift(decode: dict[str, dict[str, Any]], scores: dict[str, dict[str,
                 break
             n += 1
         diffs += [abs(x - y) for x, y in zip(d["logprobs"][:n], s["logprobs"][:n])]
+        leads += [m for dt, st in zip(d["top"][:n], s["top"][:n]) if (m := _lead_move(dt, st)) is not None]
         requests += n > 0
     if not diffs:
         return None
     diffs.sort()
-    nonzero = [x for x in diffs if x > 0]
-    step = max(1, len(nonzero) // TAIL_POINTS)
-    tail = tuple(round(x, 7) for x in nonzero[step - 1::step]) if nonzero else ()
     return Drift(positions=len(diffs), requests=requests, max=diffs[-1], quantile=_quantile(diffs, DRIFT_QUANTILE),
-                 p99=_quantile(diffs, 0.99), nonzero=len(nonzero), tail=tail)
+                 p99=_quantile(diffs, 0.99), token=Tail.of(diffs), lead=Tail.of(leads))
 
 
 def _grid_step(d: float) -> int | None:
@@ -160,14 +192,14 @@ class Numerics:
 
     def null_rate(self, margin: float) -> float | None:
         """At most the chance that numerics flip a top token that leads by ``margin`` nats: the share
-        of positions whose drift reached margin / 2, counted one more (no drift measured: None)."""
-        d = self.drift
-        if d is None:
+        of the baseline's positions whose lead moved that far between decode and prefill, counted one
+        more (no drift measured: None)."""
+        if self.drift is None:
             return None
         if margin <= 0:
             return 1.0
-        n = d.positions
-        return (1.0 + n * d.share_at_least(margin / DRIFT_MULT)) / (1.0 + n)
+        lead = self.drift.lead
+        return (1.0 + lead.positions * lead.share_at_least(margin)) / (1.0 + lead.positions)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -178,9 +210,14 @@ class Numerics:
     def from_dict(d: dict[str, Any] | None) -> Numerics | None:
         if not d:
             return None
-        drift = Drift(**{**d["drift"], "tail": tuple(d["drift"].get("tail", ()))}) if d.get("drift") else None
+        dd = d.get("drift")
+        drift = Drift(**{**dd, "token": _tail(dd["token"]), "lead": _tail(dd["lead"])}) if dd else None
         return Numerics(threshold=Threshold(**d["threshold"]), dtype=d.get("dtype"), floor=d["floor"],
                         scale=d["scale"], scale_source=d.get("scale_source", ""), drift=drift, cap=d.get("cap", 0.0))
+
+
+def _tail(d: dict[str, Any]) -> Tail:
+    return Tail(d["positions"], d["nonzero"], tuple(d.get("values", ())))
 
 
 def measure_numerics(dtype: str | None, scores: dict[str, dict[str, Any]] | None,

@@ -205,6 +205,7 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         kv_blocks = await engine.kv_cache_blocks()
         graphs = _cudagraphs(engine)
     finally:
+        phase("shutdown", {})  # the last phase before it ends where the engine's time goes (benchmarks)
         await engine.shutdown()
     from autotune.run import launcher
 
