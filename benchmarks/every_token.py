@@ -180,7 +180,7 @@ def main() -> None:
                       "rejected": sum(r[1] for r in res), "rejected_share": sum(r[1] for r in res) / seeds,
                       "example_reason": next((r[2] for r in res if r[1]), res[0][2])[:600]}
         share = f"{rows[name]['caught_share']:.1%}" if changed else "-"
-        print(f"{name:<12} changed {len(changed):4d}/{args.seeds}  caught {caught:4d} ({share})  "
+        print(f"{name:<12} changed {len(changed):4d}/{seeds}  caught {caught:4d} ({share})  "
               f"rejected {rows[name]['rejected']}/{seeds}", flush=True)
         harness.save(args.out, {"seeds": args.seeds, "numerics_seeds": args.numerics_seeds, "requests": args.requests, "tokens": args.tokens,
                                 "moved": args.moved, "seconds": round(time.perf_counter() - t0, 1),

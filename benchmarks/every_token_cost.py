@@ -11,7 +11,9 @@ Two workers as in a study (warm-up, one measured window, the demo's concurrency 
                baseline's outputs too (the same paths, the pass a lossy config runs), in the same engine
 
 Each phase's seconds come from the worker's own events (autotune.run.worker). Per output: the
-extra prefill against the output's decode in the measured window. Saved to ``--out``
+extra prefill against the output's decode in the measured window. The baseline's numerics (the
+threshold and the drift it measured, autotune.measure.numerics) are kept too: ``--dtype bfloat16
+--out benchmarks/data/every_token_cost_bf16.json`` for the demo in bfloat16. Saved to ``--out``
 (benchmarks/data/every_token_cost.json). Engines: run it under the engine lock.
 
     flock /tmp/autotune-engine.lock .venv/bin/python benchmarks/every_token_cost.py
@@ -29,6 +31,7 @@ from autotune import demo
 from autotune.core.candidate import Candidate, Settings
 from autotune.core.workload import load_workload
 from autotune.measure.config import StudyConfig
+from autotune.measure.numerics import measure_numerics
 from autotune.run.evaluate import trial_job
 from autotune.run.worker import run_trial
 
@@ -56,7 +59,9 @@ def run(name: str, params: dict[str, Any], cfg: StudyConfig, wl: Any, root: Path
     if out.raw is None:
         raise SystemExit(f"{name}: {out.failure}")
     recs = out.raw["windows"][0]["requests"]
-    return {"paths": {r["id"]: r["token_ids"] for r in recs}, "phases": phases(events), "window_s": round(out.raw["windows"][0]["window_s"], 3),
+    numerics = measure_numerics(out.raw.get("dtype"), out.raw.get("scores"), out.raw.get("decode_logprobs"))
+    return {"paths": {r["id"]: r["token_ids"] for r in recs}, "numerics": numerics.to_dict(), "phases": phases(events),
+            "window_s": round(out.raw["windows"][0]["window_s"], 3),
             "requests": len(recs), "output_tokens": sum(len(r["token_ids"]) for r in recs),
             "scored": len(out.raw.get("scores") or {}), "own_scored": len(out.raw.get("own_scores") or {}),
             "drift_requests": len(out.raw.get("decode_logprobs") or {})}
@@ -77,6 +82,7 @@ def main() -> None:
     base = run("baseline", {"method": "none"}, cfg, wl, root)
     cand = run("candidate", NGRAM, cfg, wl, root, paths=base.pop("paths"))
     cand.pop("paths")
+    cand.pop("numerics")  # the candidate's scores of its own outputs are no baseline's: not its numerics
     per_out = cand["phases"].get("score_own", 0.0) / max(1, cand["own_scored"])
     decode_per_out = cand["window_s"] / cand["requests"]  # concurrency 1: one output at a time
     result = {"dtype": args.dtype, "workload": f"examples/json_edit.jsonl, first {args.requests}",
