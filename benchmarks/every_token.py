@@ -18,9 +18,9 @@ Cells (the positions each fault may act at are a random window of every request,
     numerics        exact speculative decoding (verify shape): lossless up to numerics
     junk            one request flips to its runner-up at a near-tie (lead under 0.25 nats, one of
                     those in the window at random) and emits random tokens after it
-    accept m        acceptance accepts a draft whose log-prob is within m nats of the top token
+    accept_m        acceptance accepts a draft whose log-prob is within m nats of the top token
                     (m = 0.05, 0.1, 0.25, 0.5, 1)
-    every N         a correct decode that emits its runner-up at one token in N (random phase)
+    every_N         a correct decode that emits its runner-up at one token in N (random phase)
 
 For each cell: the seeds where the fault changed an output, and among those the share the verdict
 rejected (for numerics: the share rejected of all seeds). Saved to ``--out``:
@@ -44,8 +44,8 @@ from autotune.measure.validate import Tolerances, verdict
 V, ROWS, K, TOP = 64, 1 << 15, 3, 5
 SHAPES = ("decode", "prefill", "verify")
 CELLS: dict[str, tuple[str, float]] = {"numerics": ("spec", 0.0), "junk": ("junk", 0.0),
-                                       **{f"accept {m:g}": ("spec", m) for m in (0.05, 0.1, 0.25, 0.5, 1.0)},
-                                       **{f"every {n}": ("every", float(n)) for n in (16, 64)}}
+                                       **{f"accept_{m:g}": ("spec", m) for m in (0.05, 0.1, 0.25, 0.5, 1.0)},
+                                       **{f"every_{n}": ("every", float(n)) for n in (16, 64)}}
 
 
 def bf16(x: np.ndarray) -> np.ndarray:
