@@ -93,7 +93,7 @@ def test_a_lossless_candidate_flipping_at_near_ties_on_3_of_32_is_accepted(tmp_p
 
 
 def test_a_lossless_candidate_with_one_confident_flip_is_rejected(tmp_path, fake_engine_env, monkeypatch):
-    c, study, v = _study(tmp_path, monkeypatch, {"confident": [20]})
+    _, _, v = _study(tmp_path, monkeypatch, {"confident": [20]})
     assert v["token_agreement"] >= 0.98  # the agreement rule let it through: a fault all the same
     assert not v["passed"] and v["flip_faults"] == 1 and v["near_ties"] == 0
     assert "1/32 greedy outputs differ: 0 within numerics at every token, 1 not (first: request" in v["reason"]
@@ -152,7 +152,7 @@ def test_a_baseline_that_does_not_reproduce_itself_at_3_nats_widens_nothing_and_
     from autotune.study.record import _reference
     from autotune.study.view import StudyView
 
-    c, study, _ = _study(tmp_path, monkeypatch, {"fresh_baseline": [5]}, remeasure=True)
+    _, study, _ = _study(tmp_path, monkeypatch, {"fresh_baseline": [5]}, remeasure=True)
     again = [t for t in study.trials if t.user_attrs.get("role") == "re-measure" and t.user_attrs["remeasure_of"] == 0]
     v = again[0].user_attrs["verdict"]
     assert v["passed"] and "widened" not in v["near_tie_source"], v["reason"]

@@ -90,12 +90,6 @@ def first_flip(rid: str, cand: list[int], ref: list[int], score: dict[str, Any] 
     return Flip(rid, n, m, NEAR if m < threshold.value else FAULT)
 
 
-def describe(flip: Flip) -> str:
-    """``request 'x' at token 40 (margin 3.1 nats)``."""
-    what = f"margin {flip.margin:.3g} nats" if flip.margin is not None else flip.why
-    return f"request {flip.request!r} at token {flip.position} ({what})"
-
-
 def run_dtype(reported: str | None, engine_kwargs: dict[str, Any]) -> str | None:
     """The dtype a run computed in: the engine's own word (vLLM's resolved ``model_config.dtype``),
     else the one asked for, else the checkpoint's (a float32 one is left unknown: vLLM's "auto"

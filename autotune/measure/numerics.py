@@ -161,7 +161,7 @@ def logit_scale(scores: dict[str, dict[str, Any]], dtype: str | None) -> tuple[f
     steps: list[int] = []
     seen = 0
     for s in scores.values():
-        for tok, lp, top in zip(s.get("token_ids", ()), s.get("logprobs", ()), s.get("top", ())):
+        for lp, top in zip(s.get("logprobs", ()), s.get("top", ())):
             lps = sorted({float(x) for _, x in top} | {float(lp)}, reverse=True)
             if len(lps) < 2:
                 continue

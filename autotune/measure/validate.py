@@ -347,6 +347,8 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     reason = "; ".join(reasons) or ("unverified: not checked: " + "; ".join(missing) if missing else "ok")
     if not reasons and flips is not None and (flips.differ or flips.findings):  # passed with flips: say so
         reason += f" ({flips.text()}" + "".join(f"; {f}" for f in flips.findings) + ")"
+    elif base is None and flips is not None and flips.excess is not None:  # the baseline: the numerics it measured
+        reason += f" (near-tie threshold {th.value:.3g} nats, {th.source}; its own decodes: {flips.excess.text()})"
     if not reasons and sv is not None and sv.p < tol.alpha and not (lossy and not split):  # within the band: say so
         reason += f" ({sv.note()})"
     unverified_gap = 1.0 if status == "unverified" and not tol.allow_unverified else 0.0
