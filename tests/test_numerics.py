@@ -96,3 +96,17 @@ def test_baseline_flips_widen_the_threshold_up_to_the_cap_and_those_above_are_fi
     assert three.threshold == th
     assert three.findings == ("the baseline does not reproduce itself at margin 3 nats, request 'r7' "
                               "(above the cap 0.5: widens nothing)",)
+
+
+def test_the_scale_is_read_where_the_top_two_nearly_tie_when_there_are_enough():
+    """Where the lead is large the runner-up sits in a lower binade, its grid finer: near-ties read the
+    top logit's own (here a step of 2^-3: logits in [16, 32)), and they are where the floor matters."""
+    far = _scores(n_req=8, n_tok=30, step=2.0 ** -6, seed=2)
+    for s in far.values():  # every lead over 1 nat: 64 + k steps of 2^-6
+        s["top"] = [[[t, lp], [u, round(lp - 1.0 - 2.0 ** -6 * (i % 7 + 1), 5)]]
+                    for i, ((t, lp), (u, _)) in enumerate(s["top"])]
+    near = {"n": {"token_ids": [0] * 25, "logprobs": [-0.1] * 25,  # leads of 1, 3 or 5 steps of 2^-3
+                  "top": [[[0, -0.1], [1, round(-0.1 - 0.125 * (1 + 2 * (i % 3)), 5)]] for i in range(25)]}}
+    assert logit_scale(far, "bfloat16")[0] == 2.0 ** (-6 + 8)
+    scale, how = logit_scale({**far, **near}, "bfloat16")
+    assert scale == 32.0 and "leads under 1 nats" in how

@@ -38,6 +38,7 @@ DRIFT_QUANTILE = 0.999
 CAP_MULT = 2.0  # a baseline's own flips widen the threshold up to this many times it, no further
 TAIL_POINTS = 512  # the drift's nonzero values kept (as quantiles) for the null
 GRID_MIN_POSITIONS = 20  # positions needed to read the logits' grid
+NEAR_LEAD = 1.0  # positions whose top two lead by less (nats) read the top logit's own binade
 GRID_STEPS = range(8, -11, -1)  # the grid steps tried, 2^8 down to 2^-10 nats (finer is below the scores' 1e-5)
 GRID_TOL = 3e-5  # scores are rounded to 1e-5 (autotune.run.replay); their float32 error is below it
 # A grid that says the logits are larger than this is no grid (round numbers, as a fake engine's):
@@ -153,28 +154,24 @@ def logit_scale(scores: dict[str, dict[str, Any]], dtype: str | None) -> tuple[f
     readable). A value in [2^e, 2^(e+1)) has step 2^(e - bits + 1); the difference of two logits is a
     multiple of the smaller one's step, so its largest power-of-two divisor (more by chance for an even
     multiple) bounds that step from above. The median over positions of 2^(step exponent + bits), the
-    top of that binade, is the scale."""
+    top of that binade, is the scale: over the positions whose top two lead by under ``NEAR_LEAD``
+    where there are ``GRID_MIN_POSITIONS`` of them (both logits in one binade: the top's, where ties
+    are), else over all (the runner-up's binade where the lead is large: a smaller scale)."""
     name = (dtype or "").removeprefix("torch.").lower()
     bits = DTYPE_BITS.get(name)
     if bits is None or bits > 11:
         return None, f"{name or 'the dtype unknown'}: no grid above the scores' resolution"
-    steps: list[int] = []
-    seen = 0
-    for s in scores.values():
-        for lp, top in zip(s.get("logprobs", ()), s.get("top", ())):
-            lps = sorted({float(x) for _, x in top} | {float(lp)}, reverse=True)
-            if len(lps) < 2:
-                continue
-            seen += 1
-            j = _grid_step(lps[0] - lps[1])
-            if j is not None:
-                steps.append(j)
-    if seen < GRID_MIN_POSITIONS or len(steps) < 0.8 * seen:
-        return None, f"no {name} grid in {seen} scored positions"
+    gaps = [lps[0] - lps[1] for s in scores.values() for lp, top in zip(s.get("logprobs", ()), s.get("top", ()))
+            if len(lps := sorted({float(x) for _, x in top} | {float(lp)}, reverse=True)) > 1]
+    near = [g for g in gaps if g < NEAR_LEAD]
+    chosen, which = (near, f"leads under {NEAR_LEAD:g} nats") if len(near) >= GRID_MIN_POSITIONS else (gaps, "all leads")
+    steps = [j for g in chosen if (j := _grid_step(g)) is not None]
+    if len(chosen) < GRID_MIN_POSITIONS or len(steps) < 0.8 * len(chosen):
+        return None, f"no {name} grid in {len(chosen)} scored positions"
     scale = 2.0 ** (statistics.median_low(steps) + bits)
     if scale > GRID_MAX_SCALE:
         return None, f"the {name} grid read says logits of {scale:g}, above {GRID_MAX_SCALE:g}: not a grid"
-    return scale, f"measured: the median step of the top two logits on the {name} grid, {len(steps)} positions"
+    return scale, f"measured: the median step of the top two logits on the {name} grid, {len(steps)} positions ({which})"
 
 
 @dataclass(frozen=True)
