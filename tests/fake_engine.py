@@ -26,12 +26,15 @@ so a test's run is reproducible and two fresh engines of one config differ, as r
 -2.5, ... (over the request's temperature); in speculative configs the top two move apart by it,
 the first up and the second down by half (a numerics move of the first token when it is at most the
 dtype's near-tie threshold, autotune.measure.sampled_band; a fault well past it).
-``AUTOTUNE_FAKE_FLIPS`` (JSON, ``{"near": [request indices], "confident": [...]}``) plants greedy flips
-in speculative configs' outputs, halfway through those requests: the runner-up token (its id plus
-50) instead of the baseline's, and other tokens after it. Every config's scores put that runner-up
-3 nats below the path token, except at a "near" request's flip: 0.01 nats (a near-tie, numerics).
-``"fresh_baseline"`` flips those requests alike in every unspeculated engine but trial 0's (the
-baseline's fresh instance, against the first: the floor that widens the near-tie threshold).
+``AUTOTUNE_FAKE_FLIPS`` (JSON, ``{"near": [request indices], "confident": [...], ...}``) plants greedy
+flips in speculative configs' outputs, halfway through those requests: the runner-up token (its id
+plus 50) instead of the baseline's, and other tokens after it, which its own teacher-forced scores
+call the target's own continuation (except after a "junk" flip). Every config's scores of the
+baseline's path put that runner-up 3 nats below the path token, except at a "near" or "junk"
+request's flip (0.01 nats, a near-tie) and a "near_accept" one's (0.1 nats: above the fake's
+numerics, under the threshold; ``MARGINS``). ``"fresh_baseline"`` flips those requests alike (3 nats)
+in every unspeculated engine but trial 0's (the baseline's fresh instance, against the first).
+The baseline's decodes (a job's ``drift``) are its own paths, each log-prob ``DECODE_DRIFT`` off.
 ``AUTOTUNE_FAKE_LOSSY_GAIN`` makes a lossy config's steps that many times faster (default 1: its gain
 over the same lossless config is noise alone). ``AUTOTUNE_FAKE_STATE`` (tests/machine_noise.py) puts each
 instance on the machine's persistent state instead, a speculative config moving more than the baseline,
@@ -123,6 +126,8 @@ def run_job(job: dict[str, Any], phase: Any) -> dict[str, Any]:
                for r in job["requests"] if r["sampling"].get("temperature", 0) > 0}
     return {"engine_init_s": 0.0, "warmup_s": 0.0, "windows": windows,
             "levels": levels, "samples": samples, "scores": _scores(job, windows[0]["requests"], drift),
+            "own_scores": _own_scores(job, windows[0]["requests"], drift),
+            "decode_logprobs": _decodes(job, windows[0]["requests"], drift),
             "vllm_version": "fake", "load": job["replay"]["load"], "kv_cache_blocks": FAKE_KV_BLOCKS,
             "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}}
 
@@ -140,26 +145,87 @@ def _windows(job: dict[str, Any], one: Any) -> list[dict[str, Any]]:
     return out
 
 
+# The lead of the baseline's token over the planted flip's token (nats), by kind: "near" and "junk"
+# flip at a near-tie, "near_accept" where a fault accepting drafts within 0.25 nats would (above the
+# fake's numerics), the others where the baseline was sure.
+MARGINS = {"near": 0.01, "junk": 0.01, "near_accept": 0.1, "confident": 3.0, "fresh_baseline": 3.0}
+FLIP_KINDS = ("near", "confident", "junk", "near_accept")
+DECODE_DRIFT = 0.02  # the fake's decode-vs-prefill drift of a token's log-prob, at every position (its numerics)
+
+
+def _lp(t: int, drift: bool) -> float:
+    return round(-0.5 - 0.1 * (t % 5) - (0.08 if drift else 0.0), 5)
+
+
+def _score_path(path: list[int], drift: bool, flip: tuple[str, int] | None, own: bool) -> dict[str, Any]:
+    """Teacher-forced scores of ``path``: every token the top one, its runner-up (id + 50) 3 nats
+    below, except at a planted flip (``flip``: kind, position). On the baseline's path (``own``
+    False) the runner-up there is ``MARGINS[kind]`` below; on the candidate's own path its token there
+    is that runner-up, so the top (the baseline's token) is that much above it, and after a "junk"
+    flip every token of its own is 3 nats under another one (not the target's continuation)."""
+    lps = [_lp(t, drift) for t in path]
+    top = []
+    for j, (t, lp) in enumerate(zip(path, lps)):
+        if flip is not None and j == flip[1]:
+            m = MARGINS[flip[0]]
+            top.append([[t - 50, round(lp + m, 5)], [t, lp]] if own else [[t, lp], [t + 50, round(lp - m, 5)]])
+        elif own and flip is not None and flip[0] == "junk" and j > flip[1]:
+            top.append([[t + 1000, round(lp + 3.0, 5)], [t, lp]])
+        else:
+            top.append([[t, lp], [t + 50, round(lp - 3.0, 5)]])
+    return {"token_ids": path, "logprobs": lps, "top": top}
+
+
 def _scores(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) -> dict[str, dict[str, Any]]:
     """Teacher-forced log-probs of the baseline's paths, chosen as autotune.run.replay.score_greedy chooses
-    them (greedy first, at most LOGPROB_MAX_REQUESTS; the baseline scores its own outputs)."""
-    from autotune.run.replay import LOGPROB_MAX_REQUESTS
+    them (every greedy request, at most LOGPROB_MAX_SAMPLED sampled ones; the baseline scores its own)."""
+    from autotune.run.replay import LOGPROB_MAX_SAMPLED
 
     reference, by_id = job.get("reference"), {r["id"]: r for r in records}
-    ordered = sorted(job["requests"], key=lambda r: r["sampling"].get("temperature", 0) > 0)
+    present = [r for r in job["requests"] if r["id"] in by_id]
+    greedy = [r["id"] for r in present if r["sampling"].get("temperature", 0) == 0]
     out = {}
-    for rid in [r["id"] for r in ordered if r["id"] in by_id][:LOGPROB_MAX_REQUESTS]:
+    for rid in greedy + [r["id"] for r in present if r["id"] not in greedy][:LOGPROB_MAX_SAMPLED]:
         path = by_id[rid]["token_ids"] if reference is None else reference.get(rid)
         if path:
-            lps = [round(-0.5 - 0.1 * (t % 5) - (0.08 if drift else 0.0), 5) for t in path]
-            near = _planted_flip(job, rid) == ("near", len(path) // 2)
-            out[rid] = {"token_ids": path, "logprobs": lps,
-                        "top": [[[t, lp], [t + 50, round(lp - (0.01 if near and j == len(path) // 2 else 3.0), 5)]]
-                                for j, (t, lp) in enumerate(zip(path, lps))]}
+            flip = _planted_flip(job, rid, FLIP_KINDS)
+            out[rid] = _score_path(path, drift, flip if flip and flip[0] != "confident" else None, own=False)
     return out
 
 
-def _planted_flip(job: dict[str, Any], rid: str, kinds: tuple[str, ...] = ("near", "confident")) -> tuple[str, int] | None:
+def _own_scores(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) -> dict[str, dict[str, Any]]:
+    """The run's own greedy outputs that differ from the reference's, scored as autotune.run.replay.score_own
+    scores them (where it planted a flip, the flip and what follows as ``_score_path`` says)."""
+    judge = job.get("judge") or {}
+    spec = bool(job["engine_kwargs"].get("speculative_config"))
+    out = {}
+    for r in records:
+        if r["id"] in judge and (judge[r["id"]] is None or r["token_ids"] != judge[r["id"]]):
+            flip = _planted_flip(job, r["id"], FLIP_KINDS if spec else ("fresh_baseline",))
+            out[r["id"]] = _score_path(r["token_ids"], drift, flip, own=True)
+    return out
+
+
+def _decodes(job: dict[str, Any], records: list[dict[str, Any]], drift: bool) -> dict[str, dict[str, Any]]:
+    """The baseline's greedy decodes with their log-probs (autotune.run.replay.decode_drift): its own
+    paths, each path token's log-prob ``DECODE_DRIFT`` off its teacher-forced one, alternately up and
+    down, and the runner-up's the other way (the lead moves twice that)."""
+    if not job.get("drift"):
+        return {}
+    from autotune.run.replay import DRIFT_MAX_REQUESTS
+
+    greedy = {r["id"] for r in job["requests"] if r["sampling"].get("temperature", 0) == 0}
+    out = {}
+    for r in [r for r in records if r["id"] in greedy][:DRIFT_MAX_REQUESTS]:
+        s = _score_path(r["token_ids"], drift, None, own=False)
+        shift = [DECODE_DRIFT if j % 2 else -DECODE_DRIFT for j in range(len(r["token_ids"]))]
+        out[r["id"]] = {"token_ids": s["token_ids"], "logprobs": [round(x + d, 5) for x, d in zip(s["logprobs"], shift)],
+                        "top": [[[t, round(lp + (d if k == 0 else -d), 5)] for k, (t, lp) in enumerate(top)]
+                                for top, d in zip(s["top"], shift)]}
+    return out
+
+
+def _planted_flip(job: dict[str, Any], rid: str, kinds: tuple[str, ...] = FLIP_KINDS) -> tuple[str, int] | None:
     """(kind, position) of the flip AUTOTUNE_FAKE_FLIPS plants in request ``rid``, or None."""
     flips = json.loads(os.environ.get("AUTOTUNE_FAKE_FLIPS") or "{}")
     index = next((i for i, r in enumerate(job["requests"]) if r["id"] == rid), None)
@@ -207,7 +273,7 @@ def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any, scale: floa
         tokens = [(7 * i + j + offset) % 50 + (1 if drift and j > n // 2 else 0) for j in range(n)]
         spec = bool(job["engine_kwargs"].get("speculative_config"))
         fresh = not spec and not str(job.get("workdir") or "").endswith("0000")  # a baseline's later instance
-        if (spec and (flip := _planted_flip(job, req["id"]))) or \
+        if (spec and (flip := _planted_flip(job, req["id"], FLIP_KINDS))) or \
                 (fresh and (flip := _planted_flip(job, req["id"], ("fresh_baseline",)))):
             tokens = tokens[:flip[1]] + [tokens[flip[1]] + 50] + [t + 60 for t in tokens[flip[1] + 1:]]
         start, chunks = t, []

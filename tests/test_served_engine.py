@@ -104,3 +104,15 @@ def test_attach_drives_a_server_started_elsewhere_and_shutdown_leaves_it_running
     counters, closed, drafts_again = asyncio.run(go())
     assert counters["vllm:spec_decode_num_drafts"] == 42 and drafts_again == 42
     assert closed
+
+
+def test_decoded_logprobs_read_token_ids_from_the_completion():
+    """The baseline's decode again with log-probs through the served instrument (autotune.run.replay.decode_drift):
+    vLLM writes each token as "token_id:N" when asked ``return_tokens_as_token_ids``."""
+    from autotune.run.served_engine import decoded_logprobs
+
+    choice = {"logprobs": {"tokens": ["token_id:224", "token_id:94"], "token_logprobs": [-0.0, -0.012345678],
+                           "top_logprobs": [{"token_id:224": -0.0, "token_id:393": -14.34375},
+                                            {"token_id:94": -0.0123, "token_id:7": -4.5}]}}
+    assert decoded_logprobs(choice) == {"token_ids": [224, 94], "logprobs": [-0.0, -0.01235],
+                                        "top": [[[224, -0.0], [393, -14.34375]], [[94, -0.0123], [7, -4.5]]]}

@@ -39,8 +39,12 @@ PLANNED = "planned"  # why the strategy chose this candidate (predict, grid)
 OUTPUTS = "outputs"
 SAMPLES = "samples"
 SCORES = "scores"
-# The baseline's margins where a fresh instance of it flipped against it (autotune.measure.nearties).
+# The baseline's margins where a fresh instance of it flipped against it, under the cap (autotune.measure.numerics).
 NUMERICS_FLOOR = "numerics_floor"
+# The study's numerics, measured on the baseline (autotune.measure.numerics.Numerics.to_dict()).
+NUMERICS = "numerics"
+# The baseline's fresh instances' flips above the cap: it does not reproduce itself there (one line each).
+NUMERICS_FINDINGS = "numerics_findings"
 
 # Roles.
 BASELINE = "baseline"

@@ -51,6 +51,10 @@ class Job(TypedDict):
     replay: Replay
     engine_module: str  # autotune.run.engine, or a FAKE engine in orchestration tests
     reference: NotRequired[dict[str, list[int]]]  # request id -> the baseline's greedy tokens, to score
+    # Greedy request id -> the reference's tokens: each greedy output that differs from them is scored
+    # teacher-forced (None: scored whatever they are). autotune.run.replay.score_own.
+    judge: NotRequired[dict[str, list[int] | None]]
+    drift: NotRequired[bool]  # the baseline: decode its greedy requests again with log-probs (autotune.run.replay.decode_drift)
     # A lossy config with speculation: the same config without it, run in a process of its own as
     # the reference of its speculation (autotune.run.evaluate.unspeculated_job, autotune.run.worker.run_trial).
     unspeculated: NotRequired[Job]
@@ -88,6 +92,8 @@ class RawRun(TypedDict):
     levels: dict[str, list[Window]]  # extra load level label -> its windows
     samples: dict[str, list[list[int]]]  # sampled request id -> draws (token ids)
     scores: NotRequired[dict[str, dict[str, Any]]]  # request id -> teacher-forced log-probs of a path
+    own_scores: NotRequired[dict[str, dict[str, Any]]]  # the same, of the run's own differing greedy outputs
+    decode_logprobs: NotRequired[dict[str, dict[str, Any]]]  # the baseline's greedy decodes with their top log-probs
     # The job's unspeculated reference run: {"outputs": request records, "samples": draws}, or {"error": why}.
     unspeculated: NotRequired[dict[str, Any]]
     vllm_version: str

@@ -14,10 +14,10 @@ So the first-token and first-three tables are tested again against the composite
 candidate's probability of every outcome is within exp(+-band) of the baseline's": Pearson's
 statistic at the two samples' maximum-likelihood distributions under that constraint (band 0: the
 exact test's statistic; found through its two-multiplier dual, exact and fast), on the same cells
-and degrees of freedom. A candidate flagged by this test
-is a fault; one flagged by the exact test only differs at numerics and passes, with both p-values
-said. Top-p and top-k are not covered: a token at the truncation edge can fall in or out; such
-tokens are rare and pooled into the tables' "other" cell.
+and degrees of freedom. A candidate flagged by this test is a fault; one flagged by the exact test
+only differs at numerics and passes, with both p-values said. The band is the study's measured
+threshold (autotune.measure.numerics). Top-p and top-k are not covered: a token at the truncation
+edge can fall in or out; such tokens are rare and pooled into the tables' "other" cell.
 """
 
 from __future__ import annotations
@@ -125,13 +125,14 @@ class SampledVerdict:
         """Said in a passing verdict where the exact test alone flagged."""
         return (f"sampled outputs differ at numerics only: distribution test p={self.p:.2g} exact, "
                 f"p={self.p_band:.2g} >= {self.alpha:g} within the numerics band (+-{self.threshold.value:.3g}/T "
-                f"nats per token, {self.threshold.source}; {self.draws} draws per side)")
+                f"nats per token on the first {HEAD_TOKENS} tokens, later tokens exact; {self.threshold.source}; "
+                f"{self.draws} draws per side)")
 
     def failure(self, against: str) -> str:
         """The reason of a failing verdict; ``against`` names the reference's draws."""
         return (f"sampled outputs differ in distribution from {against} (distribution test p={self.p:.2g} < "
                 f"{self.alpha:g}, p={self.p_band:.2g} within the numerics band +-{self.threshold.value:.3g}/T "
-                f"nats per token; {self.draws} draws per side)")
+                f"nats per token on the first {HEAD_TOKENS} tokens, later tokens exact; {self.draws} draws per side)")
 
 
 def judge_samples(base: dict[str, list[list[int]]], cand: dict[str, list[list[int]]],

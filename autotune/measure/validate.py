@@ -1,8 +1,9 @@
 """Correctness verdicts: a candidate's outputs against the baseline's, and the workload's expectations.
 
 Speculation alone should be lossless: greedy outputs must match the baseline's tokens up to
-numerics (vLLM's word): each differing output is judged at its first differing token by the
-baseline's margin there (autotune.measure.nearties): a near-tie flip is numerics, any other a fault. Quantization and KV dtype
+numerics (vLLM's word): every token of each differing output must be the target's own top choice,
+or within the study's measured numerics of it (autotune.measure.every_token), and the run's excused
+tokens no more than numerics predict. Quantization and KV dtype
 change numerics on purpose: their drift from the baseline is gated by ``max_drift`` (token
 agreement) and by ``max_logprob_drift``: both engines score the baseline's greedy tokens
 teacher-forced (autotune.run.engine), and the per-token log-probs are compared.
@@ -25,7 +26,9 @@ from typing import Any
 
 from autotune.measure.logprob_drift import LogprobDrift, common_prefix, drift_note, logprob_drift
 from autotune.measure.metrics import complete
-from autotune.measure.nearties import FlipCount, Threshold, dtype_threshold, flip_gap, judge_flips
+from autotune.measure.every_token import TokenJudgement, judge_greedy
+from autotune.measure.nearties import Threshold, dtype_threshold
+from autotune.measure.numerics import Numerics
 from autotune.measure.sampled_band import SampledVerdict, judge_samples, temperatures_of
 from autotune.measure.stats import DEFAULT_ALPHA
 
@@ -72,19 +75,26 @@ class Verdict:
     # without speculation (None: not such a config, or that reference did not run). Its
     # distribution_p then compares its draws with that reference's, not the baseline's.
     speculation_agreement: float | None = None
-    # Greedy outputs judged by their first divergence (autotune.measure.nearties) against the baseline
-    # (a lossy config with speculation: against the same config without it): how many at near-ties
-    # (numerics), how many faults, how many unscored (judged by token agreement), and the threshold.
+    # Differing greedy outputs judged at every token (autotune.measure.every_token) against the
+    # baseline's (a lossy config with speculation: against the same config without it): how many
+    # within numerics at every token, how many with a fault, how many not scored, and the threshold.
     near_ties: int = 0
     flip_faults: int = 0
     flips_unscored: int = 0
     near_tie_threshold: float | None = None
     near_tie_source: str = ""
-    flip_margins: tuple[float, ...] = ()  # the reference's margin at each scored first divergence
+    flip_margins: tuple[float, ...] = ()  # every excused position's margin, and each faulty output's first
     # The distribution test with the first tokens allowed to move within the numerics band
     # (autotune.measure.sampled_band; None: not run). Below alpha: a fault; distribution_p alone below
     # it: numerics, passed and said.
     distribution_p_band: float | None = None
+    # The excess test (autotune.measure.every_token.excess): excused positions over every greedy
+    # position judged, what the baseline's own drift predicts there, the one-sided p (None: not run).
+    excused_positions: int | None = None
+    excused_expected: float | None = None
+    excused_p: float | None = None
+    judged_positions: int | None = None
+    numerics_findings: tuple[str, ...] = ()  # the baseline did not reproduce itself (autotune.measure.numerics.widen)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -249,7 +259,9 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
             scores: dict[str, dict[str, Any]] | None = None,
             base_scores: dict[str, dict[str, Any]] | None = None,
             speculative: bool = False, unspeculated: Unspeculated | None = None,
-            dtype: str | None = None, threshold: Threshold | None = None) -> Verdict:
+            dtype: str | None = None, threshold: Threshold | None = None,
+            own_scores: dict[str, dict[str, Any]] | None = None, numerics: Numerics | None = None,
+            findings: tuple[str, ...] = (), self_check: bool = False) -> Verdict:
     """Judge a candidate's records against the baseline's (``base`` None: this *is* the baseline).
 
     ``samples``/``base_samples``: per sampled request, short samples drawn with fixed seeds; for a
@@ -259,6 +271,10 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     ``speculative`` with ``lossy``: the speculation is judged against ``unspeculated`` (the same
     config without speculation) by the lossless rules, and the lossy part by drift; both must pass.
     ``threshold``: the near-tie threshold (None: ``dtype``'s, autotune.measure.nearties.dtype_threshold).
+    ``own_scores``: the candidate's teacher-forced scores of its own differing greedy outputs
+    (autotune.run.replay.score_own), judged at every token; ``numerics``: the study's measured
+    numerics, whose drift is the excess test's null. ``self_check``: the baseline's fresh instance
+    against the first, whose flips are findings (``findings``), not faults.
     """
     by_id = {r["id"]: r for r in cand}
     budget = tol.max_drift if lossy else tol.lossless
@@ -277,11 +293,11 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
         reasons.append(f"drift: token agreement {mean_agree:.3f} < {1 - budget:.3f}; "
                        f"{t.greedy - t.identical}/{t.greedy} greedy outputs differ, first at token {t.first}")
     th = threshold or dtype_threshold(dtype)
-    flips: FlipCount | None = None
-    if not lossy:  # speculation alone: every greedy flip judged at its first divergence
-        flips, excused = judge_flips(requests, by_id, {r["id"]: r for r in base} if base is not None else by_id,
-                                     base_scores, th)
-        gap, why = flip_gap(flips, excused, budget, t.greedy)
+    flips: TokenJudgement | None = None
+    if not lossy:  # speculation alone: every token of every differing greedy output judged
+        flips = judge_greedy(requests, by_id, {r["id"]: r for r in base} if base is not None else by_id,
+                             own_scores, base_scores, th, numerics, alpha=tol.alpha, findings=findings)
+        gap, why = (0.0, "") if self_check else flips.failure(budget)
         reasons += [f"greedy mismatch (speculation should be lossless): {why}"] if why else []
     split = lossy and speculative and base is not None
     twin_missing = _twin_problem(unspeculated, requests) if split else None
@@ -295,8 +311,9 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
         # where the reference run followed that path up to its flip.
         st = _tally(requests, by_id, {r["id"]: r for r in unspeculated.outputs})
         spec_agree = st.mean_agreement
-        flips, excused = judge_flips(requests, by_id, {r["id"]: r for r in unspeculated.outputs}, scores, th)
-        spec_gap, why = flip_gap(flips, excused, tol.lossless, st.greedy)
+        flips = judge_greedy(requests, by_id, {r["id"]: r for r in unspeculated.outputs}, own_scores, None, th,
+                             numerics, alpha=tol.alpha)
+        spec_gap, why = flips.failure(tol.lossless)
         if why:
             gap = max(gap, spec_gap)
             reasons.append(f"greedy mismatch against the same config without speculation (speculation should "
@@ -324,10 +341,14 @@ def verdict(requests: list[dict[str, Any]], cand: list[dict[str, Any]], base: li
     missing = [] if base is None else _missing_evidence(requests, lossy=lossy, n_draws=n_draws,
                                                         samples_asked=bool(samples), drift=drift,
                                                         attempted=attempted, split=split, twin_missing=twin_missing)
+    if base is not None and flips is not None and (unjudged := flips.missing()) and not self_check:
+        missing.append(unjudged)
     status = "failed" if reasons else ("unverified" if missing else "ok")
     reason = "; ".join(reasons) or ("unverified: not checked: " + "; ".join(missing) if missing else "ok")
-    if not reasons and flips is not None and flips.differ:  # passed with flips: say how many, and why
-        reason += f" ({flips.text(t.greedy)})"
+    if not reasons and flips is not None and (flips.differ or flips.findings):  # passed with flips: say so
+        reason += f" ({flips.text()}" + "".join(f"; {f}" for f in flips.findings) + ")"
+    elif base is None and flips is not None and flips.excess is not None:  # the baseline: the numerics it measured
+        reason += f" (near-tie threshold {th.value:.3g} nats, {th.source}; its own decodes: {flips.excess.text()})"
     if not reasons and sv is not None and sv.p < tol.alpha and not (lossy and not split):  # within the band: say so
         reason += f" ({sv.note()})"
     unverified_gap = 1.0 if status == "unverified" and not tol.allow_unverified else 0.0

@@ -17,8 +17,8 @@ from typing import Any
 
 from autotune.core.records import Job, RawRun
 from autotune.run.hardware import vllm_version
-from autotune.run.replay import (Phase, measure_windows, prompt_text,
-                                  replay_requests, sampled_draws, score_greedy)
+from autotune.run.replay import (Phase, decode_drift, measure_windows, prompt_text,
+                                  replay_requests, sampled_draws, score_greedy, score_own)
 
 from autotune.run.served_engine import (PER_POS, PREEMPTIONS, SERVER_LOG, SPEC_COUNTERS, TIME_SUMS, model_runner,  # noqa: F401
                                     resolved_cudagraphs, resolved_speculation,
@@ -137,6 +137,22 @@ class InProcess:
             pass
         return [{t: (lp.logprob, lp.rank) for t, lp in (d or {}).items()} for d in final.prompt_logprobs]
 
+    async def decode_logprobs(self, ids: list[int], sampling: dict[str, Any], k: int, rid: str) -> dict[str, Any]:
+        """Decode ``ids`` as ``sampling`` asks, with each output token's log-prob and the top ``k``
+        (autotune.run.replay.decode_drift): {token_ids, logprobs, top}, as a teacher-forced score has them."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(**{**sampling, "logprobs": k}, output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+            pass
+        comp = final.outputs[0]
+        toks = list(comp.token_ids)
+        return {"token_ids": toks, "logprobs": [round(d[t].logprob, 5) for d, t in zip(comp.logprobs, toks)],
+                "top": [[[int(t), round(lp.logprob, 5)] for t, lp in d.items()] for d in comp.logprobs]}
+
     def speculation(self) -> dict[str, Any] | None:
         return resolved_speculation(getattr(self.engine, "vllm_config", None))
 
@@ -191,12 +207,15 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         samples = await sampled_draws(engine, reqs, prompts, replay, phase,
                                  {x["id"]: x.get("prompt_tokens") for x in windows[0]["requests"]})
         scores = await score_greedy(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
+        own = await score_own(engine, windows[0]["requests"], job.get("judge"), phase)
+        decode = await decode_drift(engine, reqs, windows[0]["requests"], load, phase) if job.get("drift") else {}
         ran = engine.speculation()
         dtype = engine.dtype() if hasattr(engine, "dtype") else None  # the served instrument does not say
         kv_blocks = await engine.kv_cache_blocks()
         graphs = _cudagraphs(engine)
         runner = engine.model_runner()  # read from the engine, never predicted (autotune.core.runner)
     finally:
+        phase("shutdown", {})  # the last phase before it ends where the engine's time goes (benchmarks)
         await engine.shutdown()
     from autotune.run import launcher
 
@@ -206,6 +225,7 @@ async def _run(job: Job, phase: Phase) -> RawRun:
                else ("fresh" if hasattr(engine, "proc") else "none (in the worker)")}
     return {"engine_init_s": init_s, "started": started, "warmup_s": warm_s, "windows": windows, "levels": levels,
             "samples": samples, "scores": scores, "vllm_version": vllm_version(), "load": load,
+            **({"own_scores": own} if own else {}), **({"decode_logprobs": decode} if decode else {}),
             "speculative_config": ran, "instrument": replay.get("instrument", "inprocess"), "kv_cache_blocks": kv_blocks,
             **({"dtype": dtype} if dtype else {}), **({"cudagraphs": graphs} if graphs else {}),
             **({"model_runner": runner["runner"], "model_runner_from": runner["from"]} if runner else {})}

@@ -17,7 +17,9 @@ from autotune.measure.config import StudyConfig
 from autotune.measure.metrics import at_level, measure_run
 from autotune.core.records import Job, JobRequest, Measurement, RawRun
 from autotune.measure.slo import goodput
-from autotune.measure.nearties import Threshold, dtype_threshold, run_dtype, widen
+from autotune.measure.every_token import judge_greedy
+from autotune.measure.nearties import Threshold, run_dtype
+from autotune.measure.numerics import Numerics, measure_numerics, numerics_for, widen
 from autotune.measure.validate import Unspeculated, Verdict, verdict
 from autotune.measure.cudagraphs import coverage_line
 from autotune.core.runner import runners_differ
@@ -36,10 +38,13 @@ class Reference:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     samples: dict[str, list[list[int]]] = field(default_factory=dict)
     scores: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # The baseline's margins where a fresh instance of it flipped against it: they widen the
-    # near-tie threshold (autotune.measure.nearties.widen); empty until such an instance ran.
+    # The baseline's margins where a fresh instance of it flipped against it, under the cap: they
+    # widen the near-tie threshold (autotune.measure.numerics.widen); empty until such an instance ran.
     floor: tuple[float, ...] = ()
     runner: str | None = None  # the model runner the baseline's engine ran ("v1", "v2"; None: not recorded)
+    # The study's measured numerics (autotune.measure.numerics.Numerics.to_dict(); None: a study from
+    # before they were measured, judged by the dtype's rounding alone).
+    numerics: dict[str, Any] | None = None
 
     def paths(self) -> dict[str, list[int]]:
         """Request id -> the baseline's output tokens (greedy or sampled), which a candidate scores
@@ -98,6 +103,13 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: 
         # Only a lossy config's verdict reads log-probs (autotune.measure.validate): a lossless one
         # skips the scoring pass (its empty reference scores nothing) unless cfg.score_lossless.
         job["reference"] = reference.paths() if cand.lossy or cfg.score_lossless else {}
+        # Every greedy output that differs from the baseline's is scored teacher-forced by the
+        # candidate's own engine (autotune.run.replay.score_own), so that each of its tokens is
+        # judged; a lossy config's speculation is judged against its unspeculated run, which runs
+        # after it, so it scores every greedy output (None: whatever the reference).
+        greedy = {r["id"] for r in expand_turns(reqs) if r["sampling"].get("temperature", 0) == 0}
+        twin = cand.lossy and "speculative_config" in job["engine_kwargs"]
+        job["judge"] = {o["id"]: None if twin else o["token_ids"] for o in reference.outputs if o["id"] in greedy}
         # A lossy config's speculation cannot be judged against the baseline: its outputs move on
         # purpose, and its drift is scored in a prefill that verifies no draft. So the worker also
         # runs it without speculation, and speculation is held to the lossless rules against that
@@ -105,6 +117,8 @@ def trial_job(cand: Candidate, workload: Workload, cfg: StudyConfig, reference: 
         # measure that config, and one window plus the draws cost less than a trial.
         if cand.lossy and "speculative_config" in job["engine_kwargs"]:
             job["unspeculated"] = unspeculated_job(job)
+    else:  # the baseline: its decodes' drift against its prefill is the study's numerics
+        job["drift"] = True
     return job
 
 
@@ -116,7 +130,7 @@ def unspeculated_job(job: Job) -> Job:
     against the baseline). The worker runs it in a process of its own (autotune.run.worker.run_trial)."""
     kw = {k: v for k, v in job["engine_kwargs"].items() if k != "speculative_config"}
     replay = {**job["replay"], "extra_loads": [], "repeats": 1, "max_repeats": 1}
-    return {**{k: v for k, v in job.items() if k not in ("unspeculated", "reference")},  # type: ignore[typeddict-item]
+    return {**{k: v for k, v in job.items() if k not in ("unspeculated", "reference", "judge")},  # type: ignore[typeddict-item]
             "engine_kwargs": kw, "replay": replay, "reference": {}}
 
 
@@ -166,17 +180,30 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
                for r in records]
     base = reference  # None for the baseline itself
     dtype = run_dtype(raw.get("dtype"), cand.engine_kwargs(cfg.settings))
-    threshold = widen(dtype_threshold(dtype), list(base.floor) if base is not None else [])
+    if base is None:  # the baseline measures the study's numerics, and checks its own decodes against them
+        numerics = measure_numerics(dtype, raw.get("scores"), raw.get("decode_logprobs"))
+        threshold = numerics.threshold
+    else:
+        numerics = numerics_for(Numerics.from_dict(base.numerics), dtype, base.scores)
+        threshold = widen(numerics.threshold, numerics.cap, [("", m) for m in base.floor]).threshold
+    turns = expand_turns(requests)
 
-    def judge(th: Threshold) -> Verdict:
-        return verdict(expand_turns(requests), records, None if base is None else base.outputs, lossy=cand.lossy,
+    def judge(th: Threshold, findings: tuple[str, ...] = (), self_check: bool = False) -> Verdict:
+        return verdict(turns, records, None if base is None else base.outputs, lossy=cand.lossy,
                        tol=cfg.tolerances, samples=raw.get("samples"),
                        base_samples=None if base is None else base.samples, scores=raw.get("scores"),
                        base_scores=None if base is None else base.scores, speculative=cand.method != "none",
-                       unspeculated=_unspeculated(raw), threshold=th)
-    v = judge(threshold)
-    if second_baseline and v.flip_margins:
-        v = judge(widen(threshold, list(v.flip_margins)))
+                       unspeculated=_unspeculated(raw), threshold=th,
+                       own_scores=raw.get("scores") if base is None else raw.get("own_scores"),
+                       numerics=numerics, findings=findings, self_check=self_check or base is None)
+    if second_baseline and base is not None:  # its flips under the cap widen the threshold, those above are findings
+        at_cap = judge_greedy(turns, {r["id"]: r for r in records}, {r["id"]: r for r in base.outputs},
+                              raw.get("own_scores"), base.scores, Threshold(numerics.cap, "the cap"), numerics,
+                              alpha=cfg.tolerances.alpha)
+        wide = widen(threshold, numerics.cap, list(at_cap.flips))
+        v = judge(wide.threshold, wide.findings, self_check=True)
+    else:
+        v = judge(threshold)
     slos, missed = slo_constraints(m, cfg)
     constraints = {**dict(zip(CONSTRAINTS, v.constraints)), **slos}
     values = [m[o] for o in cfg.objectives]
@@ -185,7 +212,8 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
         failure = f"incomplete run: {m['incomplete']} of {m['requests']} requests did not finish ({v.reason})"
     elif any(not math.isfinite(x) for x in values):
         failure = f"objective not measurable: {dict(zip(cfg.objectives, values))}"
-    own = Reference(outputs, raw.get("samples") or {}, raw.get("scores") or {})
+    own = Reference(outputs, raw.get("samples") or {}, raw.get("scores") or {},
+                    numerics=numerics.to_dict() if base is None else None)
     return Evaluation(m, v, own, constraints, missed, values, failure,
                       base_runner=base.runner if base is not None else None)
 

@@ -32,9 +32,13 @@ def diff_counters(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
 LOGPROB_TOP_K = 5  # top log-probs kept per scored token (autotune.measure.validate's top-k KL)
 
 
-# Requests scored per trial: plenty of tokens for a stable mean, and it bounds the scoring
-# pass and the baseline's scores kept in the study storage.
-LOGPROB_MAX_REQUESTS = 64
+# Sampled requests scored per trial (their paths' drift judges a lossy config): plenty of tokens for
+# a stable mean, and it bounds the scoring pass and the baseline's scores kept in the study storage.
+# Greedy requests are all scored: each is judged at every token (autotune.measure.every_token).
+LOGPROB_MAX_SAMPLED = 64
+# Greedy requests the baseline decodes again with log-probs: a sample of the decode-vs-prefill
+# drift, the study's numerics (autotune.measure.numerics).
+DRIFT_MAX_REQUESTS = 64
 
 
 def _render(engine: Any, messages: list[dict[str, str]], **kwargs: Any) -> str:
@@ -202,9 +206,26 @@ async def sampled_draws(engine: Any, reqs: list[dict[str, Any]], prompts: list[s
     return out
 
 
+async def _score(engine: Any, prompt_ids: list[int], path: list[int], rid: str) -> dict[str, Any]:
+    """One teacher-forced prefill of prompt + path: each path token's log-prob and the top
+    ``LOGPROB_TOP_K`` at its position (or the error vLLM gave)."""
+    try:
+        lps = await engine.prompt_logprobs(prompt_ids + path, LOGPROB_TOP_K, f"{rid}-score-{uuid.uuid4().hex[:8]}")
+        by_pos = lps[len(prompt_ids):]  # position i: {token id: (log-prob, rank)} for path[i]
+        return {"token_ids": path, "logprobs": [round(d[t][0], 5) for d, t in zip(by_pos, path)],
+                "top": [[[t, round(lp, 5)] for t, (lp, _) in d.items()] for d in by_pos]}
+    except Exception as e:  # e.g. a config where vLLM refuses prompt_logprobs: say why, measure on
+        return {"token_ids": path, "error": f"{type(e).__name__}: {e}"}
+
+
+def _greedy(req: dict[str, Any]) -> bool:
+    return req["sampling"].get("temperature", 0) == 0
+
+
 async def score_greedy(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str, Any]],
                  reference: dict[str, list[int]] | None, phase: Phase) -> dict[str, dict[str, Any]]:
-    """After measuring: score a token path of every request, teacher-forced (greedy ones first).
+    """After measuring: score a token path of every greedy request and of up to ``LOGPROB_MAX_SAMPLED``
+    sampled ones, teacher-forced.
 
     The path is the baseline's output (``reference``, request id -> token ids; the baseline's job
     has none and scores its own): its greedy tokens, or for a sampled request the tokens it
@@ -218,23 +239,54 @@ async def score_greedy(engine: Any, reqs: list[dict[str, Any]], records: list[di
     if reference == {}:  # nothing to score: an unspeculated reference run (autotune.run.evaluate.unspeculated_job)
         return {}
     by_id = {r["id"]: r for r in records}
-    ordered = sorted(reqs, key=lambda r: r["sampling"].get("temperature", 0) > 0)  # greedy first, stable
-    chosen = [r["id"] for r in ordered if r["id"] in by_id][:LOGPROB_MAX_REQUESTS]
+    present = [r for r in reqs if r["id"] in by_id]
+    chosen = [r["id"] for r in present if _greedy(r)] + [r["id"] for r in present if not _greedy(r)][:LOGPROB_MAX_SAMPLED]
     phase("score", {"total": len(chosen)})
     out: dict[str, dict[str, Any]] = {}
     for rid in chosen:
         prompt_ids = by_id[rid].get("prompt_token_ids")
         path = by_id[rid]["token_ids"] if reference is None else reference.get(rid)
-        if not path or not prompt_ids:
-            continue
-        try:
-            lps = await engine.prompt_logprobs(prompt_ids + path, LOGPROB_TOP_K, f"{rid}-score-{uuid.uuid4().hex[:8]}")
-            by_pos = lps[len(prompt_ids):]  # position i: {token id: (log-prob, rank)} for path[i]
-            out[rid] = {"token_ids": path, "logprobs": [round(d[t][0], 5) for d, t in zip(by_pos, path)],
-                        "top": [[[t, round(lp, 5)] for t, (lp, _) in d.items()] for d in by_pos]}
-        except Exception as e:  # e.g. a config where vLLM refuses prompt_logprobs: say why, measure on
-            out[rid] = {"token_ids": path, "error": f"{type(e).__name__}: {e}"}
+        if path and prompt_ids:
+            out[rid] = await _score(engine, prompt_ids, path, rid)
     return out
+
+
+async def score_own(engine: Any, records: list[dict[str, Any]], judge: dict[str, list[int] | None] | None,
+                    phase: Phase) -> dict[str, dict[str, Any]]:
+    """After measuring: score teacher-forced, in one prefill each, the run's own greedy outputs that
+    differ from the reference's (``judge``: request id -> its tokens; None there: score it whatever
+    they are), so that every token of theirs is judged (autotune.measure.every_token). A prefill
+    verifies no draft: a speculative engine scores as the target alone."""
+    chosen = [r for r in records if judge and r["id"] in judge and r.get("prompt_token_ids") and r["token_ids"]
+              and (judge[r["id"]] is None or r["token_ids"] != judge[r["id"]])]
+    if not chosen:
+        return {}
+    phase("score_own", {"total": len(chosen)})
+    return {r["id"]: await _score(engine, r["prompt_token_ids"], r["token_ids"], r["id"]) for r in chosen}
+
+
+async def decode_drift(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str, Any]],
+                       load: dict[str, Any], phase: Phase) -> dict[str, dict[str, Any]]:
+    """After measuring, in the baseline: decode up to ``DRIFT_MAX_REQUESTS`` greedy requests again
+    from their measured prompts, with their top log-probs, as many in flight as the study's load keeps
+    (decode's batch shapes). Against the same tokens' teacher-forced scores this is the model's own
+    decode-vs-prefill drift on this platform and dtype (autotune.measure.numerics)."""
+    if not hasattr(engine, "decode_logprobs"):
+        return {}
+    sampling = {r["id"]: r["sampling"] for r in reqs if _greedy(r)}
+    chosen = [r for r in records if r["id"] in sampling and r.get("prompt_token_ids")][:DRIFT_MAX_REQUESTS]
+    phase("drift", {"total": len(chosen)})
+    sem = asyncio.Semaphore(max(1, int(load.get("concurrency") or 1)))
+
+    async def one(rec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        async with sem:
+            try:
+                return rec["id"], await engine.decode_logprobs(rec["prompt_token_ids"], sampling[rec["id"]],
+                                                               LOGPROB_TOP_K, f"{rec['id']}-drift-{uuid.uuid4().hex[:8]}")
+            except Exception as e:  # measured without it: the threshold falls back to the dtype's rounding
+                return rec["id"], {"error": f"{type(e).__name__}: {e}"}
+
+    return {rid: d for rid, d in await asyncio.gather(*(one(r) for r in chosen)) if "error" not in d}
 
 
 async def _window(engine: Any, reqs: list[dict[str, Any]], prompts: list[str], load: dict[str, Any],

@@ -131,6 +131,16 @@ def model_runner(vllm_config: Any, log: str | None = None) -> dict[str, str] | N
     return {"runner": "v2" if v2 else "v1", "from": "the engine's config (VllmConfig.use_v2_model_runner)"}
 
 
+def decoded_logprobs(choice: dict[str, Any]) -> dict[str, Any]:
+    """A /v1/completions choice asked with ``logprobs`` and ``return_tokens_as_token_ids`` (tokens
+    written "token_id:123") as {token_ids, logprobs, top}, as a teacher-forced score has them."""
+    lp = choice["logprobs"]
+    ids = [int(t.split(":", 1)[1]) for t in lp["tokens"]]
+    return {"token_ids": ids, "logprobs": [round(float(x), 5) for x in lp["token_logprobs"]],
+            "top": [[[int(t.split(":", 1)[1]), round(float(v), 5)] for t, v in (d or {}).items()]
+                    for d in lp["top_logprobs"]]}
+
+
 def token_budget(vllm_config: Any) -> int | None:
     """The scheduler's tokens per step (``max_num_batched_tokens``), None where it cannot be read."""
     try:
@@ -316,6 +326,18 @@ class ServedEngine:
                 raise RuntimeError(f"HTTP {resp.status}: {str(data)[:300]}")
         by_pos = data["choices"][0].get("prompt_logprobs") or []
         return [{int(t): (float(v["logprob"]), v.get("rank")) for t, v in (d or {}).items()} for d in by_pos]
+
+    async def decode_logprobs(self, ids: list[int], sampling: dict[str, Any], k: int, rid: str) -> dict[str, Any]:
+        """Decode ``ids`` with each output token's log-prob and the top ``k``, token ids as vLLM's
+        ``return_tokens_as_token_ids`` writes them (autotune.run.replay.decode_drift)."""
+        body = {"model": self.served_name, "prompt": ids, **sampling, "logprobs": k,
+                "return_tokens_as_token_ids": True, "return_token_ids": True}
+        async with self._session.post(f"{self.base_url}/v1/completions", json=body,
+                                      headers={"X-Request-Id": rid}) as resp:
+            data = await resp.json()
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {str(data)[:300]}")
+        return decoded_logprobs(data["choices"][0])
 
     def speculation(self) -> dict[str, Any] | None:
         return resolved_speculation(self.vllm_config)

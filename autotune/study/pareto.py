@@ -170,7 +170,7 @@ def trials_frame(view: StudyView) -> pd.DataFrame:
         # greedy outputs that differ, by first divergence (autotune.measure.nearties); absent before issue 43
         row["outputs_differ"] = v["greedy_requests"] - v["greedy_identical"] if "greedy_requests" in v else None
         for key in ("near_ties", "flip_faults", "flips_unscored", "near_tie_threshold", "near_tie_source",
-                    "distribution_p", "distribution_p_band"):
+                    "excused_positions", "excused_expected", "excused_p", "distribution_p", "distribution_p_band"):
             row[key] = v.get(key)
         row["verdict"] = v.get("reason")
         row["goodput"] = m.get("goodput")

@@ -73,7 +73,7 @@ def _other_baseline(view: StudyView, number: int) -> int | None:
 def _reference(view: StudyView) -> Reference:
     ua = view.baseline.user_attrs
     return Reference(ua.get(attrs.OUTPUTS, []), ua.get(attrs.SAMPLES, {}), ua.get(attrs.SCORES, {}),
-                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())),
+                     tuple(view.user_attrs.get(attrs.NUMERICS_FLOOR, ())), numerics=view.user_attrs.get(attrs.NUMERICS),
                      runner=attrs.measurement(view.baseline).get("model_runner"))
 
 
@@ -195,10 +195,14 @@ def _record(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
     again = of if of is not None else trial.user_attrs.get(attrs.HOLDOUT_OF)
     second = reference is not None and again is not None and base is not None and again == base.number
     ev = evaluate(outcome.raw, job["requests"], cand, cfg, reference, second_baseline=second)
-    if second:  # the baseline's floor: it widens every later verdict's near-tie threshold
+    if second:  # the baseline's floor: it widens every later verdict's near-tie threshold, up to the cap
         # ``view`` holds every earlier floor: a round is queued only when the one before it has ended
-        floor = [*view.user_attrs.get(attrs.NUMERICS_FLOOR, ()), *ev.verdict.flip_margins]
+        cap = (view.user_attrs.get(attrs.NUMERICS) or {}).get("cap", float("inf"))
+        floor = [*view.user_attrs.get(attrs.NUMERICS_FLOOR, ()), *(m for m in ev.verdict.flip_margins if m < cap)]
         study.set_user_attr(attrs.NUMERICS_FLOOR, floor)
+        if ev.verdict.numerics_findings:  # flips above the cap: reported, widening nothing
+            found = [*view.user_attrs.get(attrs.NUMERICS_FINDINGS, ()), *ev.verdict.numerics_findings]
+            study.set_user_attr(attrs.NUMERICS_FINDINGS, found)
     # The round this instance was measured in (selection, holdout), so that pairs are those measured side by side.
     ev.measurement["output_tok_s_rounds"] = [trial.user_attrs.get(attrs.ROUND)]
     if of is not None and not ev.failure:  # one record of both engine instances (autotune.measure.metrics.pool)
@@ -213,6 +217,7 @@ def _record(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
         trial.set_user_attr(attrs.OUTPUTS, ev.reference.outputs)
         trial.set_user_attr(attrs.SAMPLES, ev.reference.samples)
         trial.set_user_attr(attrs.SCORES, ev.reference.scores)
+        study.set_user_attr(attrs.NUMERICS, ev.reference.numerics)  # what every later verdict allows
     if ev.failure:
         cause = explain(outcome.log_path)
         trial.set_user_attr(attrs.FAILURE, ev.failure + cause)
