@@ -165,7 +165,7 @@ def test_too_few_trials_give_a_note_instead_of_importances(tmp_path):
         study.add_trial(optuna.trial.create_trial(params={"k": k}, distributions={"k": k_range},
                                                   values=[k, 1.0 / (k + 1)]))
     chart = importance_chart(tmp_path, {"study": "few", "objectives": ["output_tok_s", "e2e_ms_p50"]})
-    assert not chart.series and chart.note.startswith("Too few trials for parameter importances: 3 completed")
+    assert not chart.series and chart.note.startswith("Too few trials for parameter importances: 3 first measurements")
 
 
 def test_report_help_has_examples():

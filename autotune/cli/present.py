@@ -90,24 +90,42 @@ def _unit(s: dict[str, Any]) -> str:
     return f" ({s['output_tok_s_pairs']} pairs)" if s.get("output_tok_s_pairs") else " (windows)"
 
 
+def pareto_caption(report: dict[str, Any], noisy: bool) -> str:
+    """What the Pareto table's speedups are over, their intervals' units, and what "(noisy)" asks of the user."""
+    from autotune.measure.metrics import NOISY_SHARE
+
+    base = report.get("baseline") or {}
+    pooled = f", pooled over {base['engines']} engines" if (base.get("engines") or 1) > 1 else ""
+    text = (f"speedup: over trial {base.get('trial')}, the baseline's record{pooled}; 95% interval over (N pairs) of "
+            "fresh instances measured side by side in the selection rounds, the selecting trial left out, or over "
+            "(windows) of one instance, far narrower than instances differ; the pick's figure is the best: line's")
+    if noisy:
+        text += (f". (noisy): the trial's windows spread more than {NOISY_SHARE:.0%} of their median even after "
+                 "--max-repeats windows: its windows interval is loose; raise --max-repeats, and quote best:'s "
+                 "figure (fresh engines), never a noisy row's")
+    return text
+
+
 def pareto_table(report: dict[str, Any]) -> Table:
-    """The Pareto front with each config's speedup over the baseline (and the pick, where lossless
-    first chose it over a faster lossy config on the front)."""
-    t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})",
-              caption="speedup: 95% interval over (N pairs) of fresh instances measured side by side, the "
-                      "selecting trial left out, or over (windows) of one instance, far narrower than instances "
-                      "differ")
-    for col in ("trial", "config", "tok/s", "speedup", "e2e p50 ms", "tpot p50 ms", "accept", "verdict"):
-        # fold, not "draft_…": a narrow terminal breaks a long config or number, never cuts it short.
-        t.add_column(col, justify="right" if col not in ("config", "verdict") else "left", overflow="fold")
+    """The Pareto front with each config's speedup over the baseline's record (named), pooled records
+    marked (and the pick, where lossless first chose it over a faster lossy config on the front)."""
     rows = ([report["baseline"]] if report.get("baseline") else []) + \
         [e for e in report["pareto"] if not report.get("baseline") or e["trial"] != report["baseline"]["trial"]]
     best = (report.get("best") or {}).get("trial")
     if best is not None and best not in {e["trial"] for e in rows}:  # lossless first: the pick may be off the front
         rows.append(report["best"])
+    noisy = any(e["measurement"].get("noisy") for e in rows)
+    t = Table(title=f"Pareto front: {', '.join(report['objectives'])} ({report.get('load')})",
+              caption=pareto_caption(report, noisy))
+    over = f"speedup over #{report['baseline']['trial']}" if report.get("baseline") else "speedup"
+    for col in ("trial", "config", "tok/s", over, "e2e p50 ms", "tpot p50 ms", "accept", "verdict"):
+        # fold, not "draft_…": a narrow terminal breaks a long config or number, never cuts it short.
+        t.add_column(col, justify="right" if col not in ("config", "verdict") else "left", overflow="fold")
     for e in rows:
         m, s = e["measurement"], e["speedup"] or {}
-        name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + (" *best*" if e["trial"] == best else "")
+        pooled = f" (pooled: {e['engines']} engines)" if (e.get("engines") or 1) > 1 else ""
+        name = e["label"] + (" (baseline)" if e is report.get("baseline") else "") + \
+            (" *best*" if e["trial"] == best else "") + pooled
         tps = _float_or_nan(m["output_tok_s"], ".1f") + (f" ±{m['output_tok_s_mad']:.1f}" if "output_tok_s_mad" in m else "")
         t.add_row(str(e["trial"]), name + (" [yellow](noisy)[/yellow]" if m.get("noisy") else ""), tps,
                   _float_or_nan(s.get("output_tok_s"), ".2f") + "x" + ("" if e is report.get("baseline") else
@@ -138,7 +156,8 @@ def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
     say.print(pareto_table(report))
     stopped = (report.get("strategy") or {}).get("stopped")
     if stopped:
-        say.print(f"{report['strategy']['name']}: stopped after {report['trials']['finished']} trials: {escape(stopped)}",
+        n = report["strategy"].get("candidates") or report["trials"]["finished"]  # before issue 53: every trial
+        say.print(f"{report['strategy']['name']}: stopped after {n} candidates: {escape(stopped)}",
                   highlight=False, soft_wrap=True)
     if (report.get("best") or {}).get("speedup_by_category"):
         say.print(category_table(report["best"]))

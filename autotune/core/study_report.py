@@ -21,6 +21,9 @@ from autotune.core.errors import BadInput
 # 4: round 5: ``figure`` (the pick's speedup from the holdout or the served rounds, measured after the
 # choice), ``selection``, ``gate``; ``best.speedup`` is the pick's measured ratio (its claim, the
 # evidence it was chosen on); trials.csv: ``round`` and ``holdout_of``. Readers of 4 take 1-3.
+# Added within 4 (issue 53, no meaning changed): each entry's ``speedup_over`` (the baseline record its
+# ``speedup`` is over), ``record`` and ``engines``; ``strategy.candidates``; trials.csv's ``speedup_over``,
+# ``speedup_over_first_baseline`` (the console's ``measured``) and ``record``.
 SCHEMA_VERSION = 4
 READABLE = (1, 2, 3, 4)
 
@@ -35,6 +38,9 @@ class Entry(TypedDict, total=False):
     measurement: dict[str, Any]
     verdict: dict[str, Any]
     speedup: dict[str, Any] | None  # ratios, their interval and its unit (output_tok_s_unit)
+    speedup_over: int | None  # the baseline record (its trial) ``speedup`` is over: its current, pooled one
+    record: str  # first engine, pooled over engines (selection rounds), or a holdout instance
+    engines: int  # engine instances the record pools
     speedup_by_category: dict[str, Any]
     predicted: dict[str, Any] | None
     planned: str | None

@@ -26,6 +26,7 @@ Pure numpy over plain data: no Optuna, no vLLM.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ from autotune.core.candidate import SPEC_DEFAULTS, Candidate
 from autotune.forecast.predict import (SUFFIX_DEFAULTS, Acceptance, DraftTrace, Eagle3Trace, draft_acceptance, draft_traces,
                               eagle3_acceptance, eagle3_traces, ngram_acceptance, suffix_acceptance,
                               suffix_available)
+from autotune.measure.intervals import LEVEL
+from autotune.measure.resolution import NOISE_FLOOR
 
 REPLAYED = ("ngram", "draft_model", "suffix", "eagle3", "dflash")  # methods whose acceptance the baseline's tokens give
 # Methods vLLM runs with a depth per batch size (the suffix proposer asserts one fixed k).
@@ -49,7 +52,7 @@ UNFORECAST = {"dflash": "dflash: no forecast (the drafter was not traced over th
               "dspark": "dspark: no forecast (a block drafter's drafts are not replayed yet); measured",
               "parallel_drafting": "parallel drafting: no forecast (the head's trace follows chained drafts, "
                                    "not one parallel pass); measured"}
-Z = 1.96  # 95% intervals
+Z = NormalDist().inv_cdf((1 + LEVEL) / 2)  # the forecasts' intervals at the one level (1.96 at 95%)
 # Prior step cost r - 1 = a + b*k per method, (mean, sd) of a and of b: wide, so one measured depth
 # dominates it. Measured on the demo pair (2 CPU cores): ngram r ~ 1.3 at k=4, draft r ~ 1.75 at k=2.
 PRIORS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
@@ -59,7 +62,7 @@ PRIORS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "eagle3": ((0.2, 0.5), (0.15, 0.3)),  # one head layer per drafted token, over the target's states
     "dflash": ((0.2, 0.5), (0.03, 0.15)),  # one drafter pass a step whatever k: k costs the verification
 }
-FLOOR = 0.03  # least relative noise of one measured speedup beyond its windows: engine instances differ
+FLOOR = NOISE_FLOOR  # least relative noise of one measured speedup beyond its windows: engine instances differ
 KNOB_PRIOR_SD = 0.2  # log-factor of an unmeasured knob value: +-20% either way
 
 

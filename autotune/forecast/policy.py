@@ -19,8 +19,6 @@ from autotune.forecast.forecast import SHAPE, Forecast, Model, Observation, knob
 STRATEGIES = ("predict", "grid", "tpe", "random")
 
 
-NOISE_MIN = 0.02  # never chase a forecast gain under 2%, however tight the best's interval
-
 
 @dataclass(frozen=True)
 class Step:
@@ -91,8 +89,7 @@ def next_predicted(grid: Sequence[Candidate], model: Model, observations: Sequen
     """
     base = model.baseline
     tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy]}
-    bad = _bad_knobs(observations, failed, base)
-    open_ = [c for c in grid if c.key() not in tried and not set(knobs(c.params, base).items()) & bad]
+    open_ = unmeasured(grid, model, observations, failed, busy)
     forecasts = {c.key(): model.forecast(c.params) for c in open_}
     started = {p.get("method", "none") for p in [*(o.params for o in observations), *failed, *busy]}
     # 1. The best-forecast candidate of each method not yet measured, best method first; a method no
@@ -115,12 +112,10 @@ def next_predicted(grid: Sequence[Candidate], model: Model, observations: Sequen
     if not feasible:
         return Step(None, "no correct candidate measured, not even the baseline", stop=True)
     best = max(feasible, key=lambda o: o.speedup)
-    noise = max(NOISE_MIN, best.rel_sd(model.noise))
+    noise = best.rel_sd(model.noise)  # at least the model's noise, itself at least forecast.FLOOR
     bar = best.speedup * (1 + noise)
     # 2. The best optimistic forecast among candidates whose every knob value has been measured.
-    ready = [f for f in forecasts.values()
-             if f.hi is not None and all(model.known(kv) for kv in knobs(f.params, base).items())]
-    top = max(ready, key=lambda f: f.hi, default=None)
+    top = best_optimistic(forecasts.values(), model)
     if top is not None and top.hi > bar:
         return Step(top.params, _predicted(top) + f"; could beat the best measured {best.speedup:.2f}x")
     # 3. Each unmeasured knob value, one at a time around the best measured config.
@@ -138,9 +133,33 @@ def next_predicted(grid: Sequence[Candidate], model: Model, observations: Sequen
                                            f"{k} ({top_value}); at {beyond} " + _predicted(f)
                         + f", above the best measured {best.speedup:.2f}x by more than the noise ({noise:.0%})",
                         beyond={k: beyond})
+    return Step(None, stop_text(f"the best measured ({Candidate(best.params).label}, {best.speedup:.2f}x)", noise, top),
+                stop=True)
+
+
+STOP_UNMEASURED = "no unmeasured candidate can beat"  # how the predict strategy's stop line begins
+
+
+def unmeasured(grid: Sequence[Candidate], model: Model, observations: Sequence[Observation],
+               failed: Sequence[Mapping[str, Any]] = (), busy: Sequence[Mapping[str, Any]] = ()) -> list[Candidate]:
+    """The grid's candidates not measured, failed or being measured, without a knob value seen only in
+    failed or incorrect trials: what the strategy may still measure."""
+    tried = {Candidate(dict(p)).key() for p in [*(o.params for o in observations), *failed, *busy]}
+    bad = _bad_knobs(observations, failed, model.baseline)
+    return [c for c in grid if c.key() not in tried and not set(knobs(c.params, model.baseline).items()) & bad]
+
+
+def best_optimistic(forecasts: Any, model: Model) -> Forecast | None:
+    """The forecast with the highest top of its interval among those whose every knob value was measured."""
+    ready = [f for f in forecasts if f.hi is not None and all(model.known(kv) for kv in knobs(f.params, model.baseline).items())]
+    return max(ready, key=lambda f: f.hi, default=None)
+
+
+def stop_text(best: str, noise: float, top: Forecast | None) -> str:
+    """The stop line: ``best`` (what is named as the best measured, with its figure) and the best optimistic
+    forecast left (``top``), which lies within ``noise`` of it."""
     top_text = f"{top.label} at most {top.hi:.2f}x" if top is not None else "none left"
-    return Step(None, f"no unmeasured candidate can beat the best measured ({Candidate(best.params).label}, "
-                      f"{best.speedup:.2f}x) by more than the noise ({noise:.0%}): {top_text}", stop=True)
+    return f"{STOP_UNMEASURED} {best} by more than the noise ({noise:.0%}): {top_text}"
 
 
 def hopeless(first: float, best: float, noise: float, forecast_hi: float | None) -> str | None:

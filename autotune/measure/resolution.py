@@ -12,9 +12,13 @@ from typing import Any
 
 from autotune.measure.intervals import UNIT_HOLDOUT, UNIT_PAIRS, resolution as half_width
 
-# Differences inside 1 +- this are ties: no decision rests on them (the figure over the baseline is
-# decided once its interval lies outside the band; so is the pick over the runner-up).
-TIE_BAND = 0.03
+# The least relative difference the study treats as real: fresh instances of one config differ at least
+# this much (benchmarks/data/instance_noise*.json: 8-36% on a shared 2-core machine). The one home of the
+# number: the tie band below, and the forecast's least noise (autotune.forecast.forecast.FLOOR).
+NOISE_FLOOR = 0.03
+# Differences inside 1 +- the noise floor are ties: no decision rests on them (the figure over the baseline
+# is decided once its interval lies outside the band; so is the pick over the runner-up).
+TIE_BAND = NOISE_FLOOR
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ from autotune.results.method_colors import method_color, other_color
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fewer completed trials say nothing about which knob matters
 MAX_ACCEPTANCE_LINES = 10  # more lines than this are unreadable; the best by acceptance are kept
 INTERVAL = "bars: 95% interval"  # the unit of every speedup's error bars, said on its axis
-TABLE_COLUMNS = ("trial", "label", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s", "acceptance_rate",
-                 "mean_accepted_length", "acceptance_by_pos", "correct", "status", "pareto", "verdict", "failure")
+TABLE_COLUMNS = ("trial", "label", "record", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s",
+                 "speedup_over_first_baseline", "acceptance_rate", "mean_accepted_length", "acceptance_by_pos", "correct",
+                 "status", "pareto", "verdict", "failure")
 
 
 @dataclass
@@ -101,6 +102,13 @@ def _current(rows: pd.DataFrame) -> pd.Series:
     return rows["superseded_by"].isna()
 
 
+def _holdout(rows: pd.DataFrame) -> pd.Series:
+    """True for a holdout instance: measured after the choice for the figure's pairs, never a record."""
+    if "role" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows["role"] == "holdout"
+
+
 def _served(report: dict[str, Any]) -> tuple[float, float, float] | None:
     """The pick's served speedup and its interval, where `autotune confirm` ran."""
     sv = (report.get("best") or {}).get("served") or {}
@@ -132,23 +140,27 @@ def pareto_chart(frame: pd.DataFrame, report: dict[str, Any]) -> Chart:
         chart.note = f"trials table has no column {x if x not in frame.columns else y}; results from an older autotune"
         return chart
     done = frame[(frame["state"] == "COMPLETE") & frame[x].map(_num).notna() & frame[y].map(_num).notna()]
-    done = done.assign(method=_methods(done), current=_current(done))
+    done = done.assign(method=_methods(done), current=_current(done) & ~_holdout(done))
     wrong = done["correct"].astype(str) != "True"
     if "slo_missed" in done:
         wrong |= done["slo_missed"].notna()
     front = done[(done["pareto"].astype(str) == "True") & done["current"]].sort_values(x)
     base = done[done["role"] == "baseline"]
-    cand = done[done["role"] != "baseline"]
+    cand = done[(done["role"] != "baseline") & ~(_holdout(done) & (done["method"] == "none"))]
     groups = [Series("Pareto front (lossy and lossless)", front[x].tolist(), front[y].tolist(), kind="lines",
                      color=other_color(1))]
     for m, rows in cand.groupby("method", sort=True):
         ok, bad, old = rows[~wrong[rows.index] & rows["current"]], rows[wrong[rows.index] & rows["current"]], \
-            rows[~rows["current"]]
+            rows[~rows["current"] & ~_holdout(rows)]
+        after = rows[_holdout(rows)]
         groups += [Series(m, ok[x].tolist(), ok[y].tolist(), color=method_color(m), method=m, hover=_hover(ok)),
                    Series(f"{m}: wrong output or SLO missed", bad[x].tolist(), bad[y].tolist(), symbol="x", size=12,
                           color=method_color(m), method=m, hover=_hover(bad)),
                    Series(f"{m}: superseded by its re-measurement", old[x].tolist(), old[y].tolist(),
-                          color=method_color(m), method=m, opacity=0.3, hover=_hover(old))]
+                          color=method_color(m), method=m, opacity=0.3, hover=_hover(old)),
+                   Series(f"{m}: holdout instance (the figure's pairs, never a record)", after[x].tolist(),
+                          after[y].tolist(), symbol="diamond-open", color=method_color(m), method=m, opacity=0.3,
+                          hover=_hover(after))]
     groups.append(Series("baseline (no speculation)", base[x].tolist(), base[y].tolist(), symbol="star", size=18,
                          color=method_color("none"), method="none", text=["baseline"] * len(base),
                          hover=_hover(base)))
@@ -176,7 +188,7 @@ def speedup_chart(frame: pd.DataFrame, report: dict[str, Any] | None = None) -> 
         chart.note = "No trial was measured against a baseline."
         return chart
     ok = frame[(frame["state"] == "COMPLETE") & (frame["correct"].astype(str) == "True")
-               & frame["speedup_output_tok_s"].map(_num).notna() & _current(frame)]
+               & frame["speedup_output_tok_s"].map(_num).notna() & _current(frame) & ~_holdout(frame)]
     depth = ok["param_num_speculative_tokens"].map(_num).fillna(0).astype(int) \
         if "param_num_speculative_tokens" in ok else pd.Series(0, index=ok.index)
     ok = ok.assign(method=_methods(ok), depth=depth, value=ok["speedup_output_tok_s"].map(_num))
@@ -211,7 +223,7 @@ def prediction_chart(frame: pd.DataFrame, report: dict[str, Any] | None = None) 
                   f"predicted speedup, before the trial (x the baseline's output tok/s; {INTERVAL})",
                   f"measured speedup (x the baseline's output tok/s; {INTERVAL})")
     need = {"predicted_speedup", "speedup_output_tok_s"}
-    rows = frame[(frame["state"] == "COMPLETE") & frame["predicted_speedup"].map(_num).notna()
+    rows = frame[(frame["state"] == "COMPLETE") & frame["predicted_speedup"].map(_num).notna() & ~_holdout(frame)
                  & frame["speedup_output_tok_s"].map(_num).notna()] if need <= set(frame.columns) else frame.iloc[:0]
     if rows.empty:
         chart.note = ("No trial carries a forecast (a study from before --strategy predict, or a method no replay "
@@ -242,21 +254,38 @@ def prediction_chart(frame: pd.DataFrame, report: dict[str, Any] | None = None) 
     return chart
 
 
-def acceptance_chart(frame: pd.DataFrame) -> Chart:
-    """vLLM's per-position acceptance (accepted tokens at draft position i / drafts) for each speculative trial."""
+def acceptance_chart(frame: pd.DataFrame, report: dict[str, Any] | None = None) -> Chart:
+    """vLLM's per-position acceptance (accepted tokens at draft position i / drafts): one line per config
+    (its current record: a selection round's pooled one, never a holdout instance), the highest
+    acceptance first, the pick and the baseline (which drafts nothing) always."""
     chart = Chart("acceptance", "Acceptance by draft position", "draft position",
                   "share of drafts accepted at this position", y_range=(0, 1.05), x_integer=True)
-    rows = frame[(frame["state"] == "COMPLETE") & frame["acceptance_by_pos"].notna()
-                 & (frame["acceptance_by_pos"].astype(str).str.strip() != "")]
+    best = (report or {}).get("best") or {}
+    done = frame[frame["state"] == "COMPLETE"]
+    if "role" in done:
+        done = done[done["role"] != "holdout"]
+    rows = done[done["acceptance_by_pos"].notna() & (done["acceptance_by_pos"].astype(str).str.strip() != "")
+                & _current(done)]
     if "acceptance_rate" in rows:
         rows = rows.sort_values("acceptance_rate", ascending=False)
-    rows = rows.assign(method=_methods(rows))
-    for r in rows.head(MAX_ACCEPTANCE_LINES).itertuples():
+    rows = rows.drop_duplicates("label").assign(method=_methods(rows))  # one line per config
+    pick = rows[rows["trial"] == best.get("trial")]
+    drawn = pd.concat([rows.head(MAX_ACCEPTANCE_LINES), pick]).drop_duplicates("trial")
+    positions = 1
+    for r in drawn.itertuples():
         by_pos = [float(v) for v in str(r.acceptance_by_pos).split()]
-        chart.series.append(Series(f"#{int(r.trial)} {r.label}", list(range(1, len(by_pos) + 1)), by_pos,
-                                   kind="lines+markers", size=7, color=method_color(r.method), method=r.method))
-    if len(rows) > MAX_ACCEPTANCE_LINES:
-        chart.note = f"The {MAX_ACCEPTANCE_LINES} trials with the highest acceptance of {len(rows)} are drawn."
+        positions = max(positions, len(by_pos))
+        chart.series.append(Series(f"#{int(r.trial)} {r.label}" + (" (the pick)" if r.trial == best.get("trial") else ""),
+                                   list(range(1, len(by_pos) + 1)), by_pos, kind="lines+markers", size=7,
+                                   color=method_color(r.method), method=r.method))
+    base = done[done["role"] == "baseline"] if "role" in done else done.iloc[:0]
+    if chart.series and not base.empty:  # the reference: no speculation, nothing drafted or accepted
+        chart.series.append(Series(f"#{int(base['trial'].iloc[0])} baseline (no speculation: nothing drafted)",
+                                   list(range(1, positions + 1)), [0.0] * positions, kind="lines",
+                                   color=method_color("none"), method="none"))
+    if len(rows) > len(drawn):
+        chart.note = (f"{len(drawn)} of {len(rows)} configs are drawn: the {MAX_ACCEPTANCE_LINES} with the highest "
+                      "acceptance, and the pick.")
     if not chart.series:
         chart.note = "No speculative trial was measured."
     return chart
@@ -315,5 +344,6 @@ def importance_chart(results_dir: Path, report: dict[str, Any]) -> Chart:
     chart.categories = params
     chart.series = [Series(name, params, [imp.get(p, 0.0) for p in params], kind="bar", color=other_color(i))
                     for i, (name, imp) in enumerate(found.items())]
-    chart.note = f"Over {n} completed trials (infeasible ones included: importance is about speed, not correctness)."
+    chart.note = (f"Over {n} first measurements (infeasible ones included: importance is about speed, not correctness; "
+                  "selection rounds and holdout instances left out: they measure configs already counted).")
     return chart

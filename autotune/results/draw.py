@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.results.method_colors import other_color
 
-MARKERS = {"circle": "o", "star": "*", "diamond": "D", "x": "x", "circle-open": "o"}  # plotly -> matplotlib
+MARKERS = {"circle": "o", "star": "*", "diamond": "D", "x": "x", "circle-open": "o", "diamond-open": "D"}  # plotly -> matplotlib
 
 
 def _color(s: Any, i: int) -> str:

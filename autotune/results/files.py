@@ -27,10 +27,12 @@ if TYPE_CHECKING:
     from autotune.study.view import StudyView
 
 
-def _entry(t: Any, base: Any, settings: Any) -> dict[str, Any]:
-    """One trial as best.json shows it: candidate, engine kwargs, measurement, verdict, speedup."""
-    from autotune.study.pareto import speedup
+def _entry(view: StudyView, t: Any, settings: Any) -> dict[str, Any]:
+    """One trial as best.json shows it: candidate, engine kwargs, measurement, verdict, speedup (over the
+    baseline's current record, trial ``speedup_over``; 1 for the baseline's own config), what its record is."""
+    from autotune.study.pareto import record_kind, record_speedup
 
+    base = view.reference
     cand = Candidate(t.user_attrs[attrs.CANDIDATE])
     if t.state.name != "COMPLETE":  # a failed trial (only the deployed entry can be one)
         return {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
@@ -39,8 +41,9 @@ def _entry(t: Any, base: Any, settings: Any) -> dict[str, Any]:
     base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
     e = {"trial": t.number, "label": t.user_attrs[attrs.LABEL], "candidate": cand.params,
          "engine_kwargs": cand.engine_kwargs(settings), "measurement": m, "verdict": t.user_attrs[attrs.VERDICT],
-         "speedup": speedup(m, base_m) if base_m else None, "predicted": t.user_attrs.get(attrs.PREDICTED),
-         "planned": t.user_attrs.get(attrs.PLANNED)}
+         "speedup": record_speedup(view, t) if base_m else None, "speedup_over": base.number if base_m else None,
+         "record": record_kind(view, t), "engines": len(view.record_chain(t)),
+         "predicted": t.user_attrs.get(attrs.PREDICTED), "planned": t.user_attrs.get(attrs.PLANNED)}
     if "by_category" in m and base_m:  # which kinds of request gain, which lose
         e["speedup_by_category"] = category_speedup(m["by_category"], base_m.get("by_category", {}))
     return e
@@ -84,6 +87,18 @@ def _edge(view: StudyView, pick: Any, base: Any) -> list[dict[str, Any]] | None:
     return edge_report(view, pick) or None
 
 
+def _stopped(view: StudyView, pick: Any) -> str | None:
+    """Why the strategy stopped before the budget; the predict strategy's stop line read again from the
+    final records (autotune.study.strategy.stop_line), so that it names what the tables show."""
+    from autotune.forecast.policy import STOP_UNMEASURED
+    from autotune.study.strategy import stop_line
+
+    said = view.user_attrs.get(attrs.STOPPED)
+    if isinstance(said, str) and said.startswith(STOP_UNMEASURED):
+        return stop_line(view, pick) or said
+    return said
+
+
 def _lossless_first(choice: Any) -> dict[str, Any] | None:
     """The faster lossy trial the pick was chosen over, and why (None: no such trial)."""
     if choice is None or choice.passed_over is None:
@@ -123,11 +138,11 @@ def study_report(view: StudyView, frame: Any, *, settings: Any, platform: dict[s
         "trials": {"finished": int(len(frame)), "failed": int((frame["state"] == "FAIL").sum()) if len(frame) else 0,
                    "pruned": int((frame["state"] == "PRUNED").sum()) if len(frame) else 0,
                    "left_out": view.left_out()},
-        "baseline": _entry(base, base, settings) if base else None,
-        "best": _entry(pick, base, settings) if pick else None,
-        "pareto": [_entry(t, base, settings) for t in pareto_trials(view)],
+        "baseline": _entry(view, base, settings) if base else None,
+        "best": _entry(view, pick, settings) if pick else None,
+        "pareto": [_entry(view, t, settings) for t in pareto_trials(view)],
         # A warm start's pick, re-measured in this run: `autotune check` compares the new pick with it.
-        "deployed": _entry(deployed, base, settings) if deployed else None,
+        "deployed": _entry(view, deployed, settings) if deployed else None,
         "lossless_first": _lossless_first(choice),
         "remeasured": _remeasured(view, pick, base),
         # Forked or fresh, per engine instance of the pick and the baseline, and a line if they mix.
@@ -148,7 +163,7 @@ def study_report(view: StudyView, frame: Any, *, settings: Any, platform: dict[s
         "schedule": schedule,
         "warm_start": ua.get(attrs.WARM_START),
         # How candidates were chosen, and why the strategy stopped before the budget (if it did).
-        "strategy": {"name": ua.get(attrs.STRATEGY), "stopped": ua.get(attrs.STOPPED),
+        "strategy": {"name": ua.get(attrs.STRATEGY), "stopped": _stopped(view, pick), "candidates": len(view.finished),
                      "draft_trace": {k: v for k, v in (ua.get(attrs.DRAFT_TRACE) or {}).items() if k != "argmax"}
                      or None},
     }

@@ -20,6 +20,7 @@ from autotune.results.charts import (TABLE_COLUMNS, _category_table_html,
                              acceptance_chart, category_chart, importance_chart, pareto_chart, prediction_chart,
                              speedup_chart)
 from autotune.results.draw import to_plotly, to_png
+from autotune.results.text import speedup_headers
 from autotune.core.errors import BadInput
 from autotune.core.study_report import load_report
 
@@ -41,18 +42,21 @@ def load_trials(results_dir: Path) -> pd.DataFrame:
 
 
 def _summary(report: dict[str, Any]) -> str:
+    """The decision in words, as the console and report.md state it: the pick's figure (``best:``, the
+    served one where confirm ran, with its resolution), the claim it was chosen on, the served verdict,
+    the resolution."""
+    from autotune.results.text import claim_line, headline
+    from autotune.serve.served import served_line
+
     e = html.escape
     lines = [f"Workload <code>{e(str(report.get('workload')))}</code>, "
              f"space <code>{e(str(report.get('space')))}</code>, load {e(str(report.get('load')))}, vLLM {e(str(report.get('vllm_version')))} on "
              f"{e(str((report.get('platform') or {}).get('platform')))}; "
              f"{report['trials']['finished']} trials ({report['trials']['failed']} failed)."]
-    base, best = report.get("baseline"), report.get("best")
+    best = report.get("best")
     if best:
-        s = (best.get("speedup") or {}).get("output_tok_s")
-        lines.append(f"<b>Best:</b> trial {best['trial']} <code>{e(best['label'])}</code>, "
-                     f"{best['measurement']['output_tok_s']:.1f} output tok/s"
-                     + (f", {s:.2f}x the baseline's {base['measurement']['output_tok_s']:.1f}" if s and base else "")
-                     + f"; verdict: {e(best['verdict']['reason'])}.")
+        lines.append(f"<b>{e(headline(report) or '')}</b>")
+        lines += [e(x) for x in (claim_line(report), served_line(report)) if x]
     else:
         lines.append("<b>No feasible configuration was found.</b>")
     if report.get("resolution"):
@@ -90,7 +94,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     out = Path(out_dir) if out_dir is not None else results_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     charts = [pareto_chart(frame, report), speedup_chart(frame, report), prediction_chart(frame, report),
-              acceptance_chart(frame),
+              acceptance_chart(frame, report),
               importance_chart(results_dir, report), category_chart(report)]
     written, sections = [], []
     for c in charts:
@@ -108,7 +112,8 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     cols = [c for c in TABLE_COLUMNS if c in frame.columns]
     page = PAGE.format(study=html.escape(str(report.get("study"))), plotly_js=get_plotlyjs(),
                        summary=_summary(report), sections="".join(sections),
-                       table=frame[cols].to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}"),
+                       table=frame[cols].rename(columns=speedup_headers(report, frame)).to_html(
+                           index=False, na_rep="", float_format=lambda v: f"{v:.3g}"),
                        version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        pngs=", ".join(f'<a href="{p.name}">{p.name}</a>' for p in written) or "none")
     (out / "report.html").write_text(page, encoding="utf-8")

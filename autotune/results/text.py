@@ -80,14 +80,29 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
         lines += [Resolution(**report["resolution"]).line() + ".", ""]
     if report.get("schedule"):
         lines += [f"**{schedule_line(report['schedule'])}**", ""]
-    cols = [c for c in ("trial", "label", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s",
-                        "acceptance_rate", "correct", "status", "pareto", "failure") if c in frame.columns]
     if len(frame):
-        lines.append(frame[cols].to_markdown(index=False))
+        lines.append(trials_markdown(frame, report))
     if best and best.get("speedup_by_category"):
         lines += ["", f"## By category: trial {best['trial']} `{best['label']}` against the baseline", "",
                   _markdown_table(category_table(best))]
     return "\n".join(lines) + "\n"
+
+
+def speedup_headers(report: dict[str, Any], frame: Any) -> dict[str, str]:
+    """The trials table's speedup columns, each named by the baseline record it is over: the baseline's
+    current record (as the Pareto table and best.json), and its first engine (as the console's trial lines)."""
+    base = (report.get("baseline") or {}).get("trial")
+    first = frame.loc[frame["role"] == "baseline", "trial"] if "role" in frame.columns else []
+    return {"speedup_output_tok_s": f"speedup over #{base}" if base is not None else "speedup",
+            "speedup_over_first_baseline": f"over #{int(first.iloc[0])} (console)" if len(first) else "over trial 0"}
+
+
+def trials_markdown(frame: Any, report: dict[str, Any]) -> str:
+    """report.md's trials table: one row a trial, its record named (first engine, pooled, holdout)."""
+    cols = [c for c in ("trial", "label", "record", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s",
+                        "speedup_over_first_baseline", "acceptance_rate", "correct", "status", "pareto", "failure")
+            if c in frame.columns]
+    return frame[cols].rename(columns=speedup_headers(report, frame)).to_markdown(index=False)
 
 
 def category_table(e: dict[str, Any]) -> list[dict[str, Any]]:

@@ -130,13 +130,64 @@ def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def unit_speedup(m: dict[str, Any]) -> dict[str, Any]:
+    """The speedup of a record of the baseline's own config: 1 by definition, whichever of its engines
+    (how far one instance of it ran from another is in its tok/s, never a speedup)."""
+    out: dict[str, Any] = {"output_tok_s": 1.0, "output_tok_s_lo": 1.0, "output_tok_s_hi": 1.0,
+                           "output_tok_s_unit": BASELINE_ITSELF, "e2e_ms_p50": 1.0, "tpot_ms_p50": 1.0}
+    out.update({k: 1.0 for k in m if k != "output_tok_s" and parse_key(k)[:2] == ("output_tok_s", "")})
+    return out
+
+
+BASELINE_ITSELF = "the baseline itself"  # the unit of the baseline config's speedup: 1 by definition
+
+
+def is_baseline_config(view: StudyView, t: FrozenTrial) -> bool:
+    """A record of the baseline's own config: trial 0, its selection rounds, its holdout instances."""
+    base = view.baseline
+    return base is not None and Candidate(attrs.candidate(t)).key() == Candidate(attrs.candidate(base)).key()
+
+
+def record_speedup(view: StudyView, t: FrozenTrial) -> dict[str, Any] | None:
+    """``t``'s speedup as every table shows it: over the baseline's current record (``view.reference``,
+    named where shown as "over trial N"), paired over the selection rounds where both ran in them
+    (``speedup``); 1 for the baseline's own config."""
+    ref = view.reference
+    m = attrs.measurement(t)
+    if ref is None or not m or not attrs.measurement(ref):
+        return None
+    return unit_speedup(m) if is_baseline_config(view, t) else speedup(m, attrs.measurement(ref))
+
+
+def over_first_baseline(view: StudyView, t: FrozenTrial) -> float | None:
+    """``t``'s output tok/s over the baseline's first engine's (trial 0, known when ``t``'s console line
+    prints: the figure that line names ``measured ... over trial 0``); 1 for the baseline's own config."""
+    base = view.baseline
+    if base is None or t.state != TrialState.COMPLETE:
+        return None
+    if is_baseline_config(view, t):
+        return 1.0
+    a, b = attrs.measurement(t).get("output_tok_s"), attrs.measurement(base).get("output_tok_s")
+    ok = isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 and math.isfinite(a)
+    return a / b if ok else None
+
+
+def record_kind(view: StudyView, t: FrozenTrial) -> str:
+    """What a row's record is, in a few words: its config's first engine, a selection round's record
+    pooled over several engines, or a holdout instance (never pooled): every table marks the last two."""
+    if attrs.role(t) == attrs.HOLDOUT:
+        return f"holdout {attrs.round_of(t)}, not pooled"
+    if attrs.REMEASURE_OF in t.user_attrs:
+        return f"pooled: {len(view.record_chain(t))} engines (round {attrs.round_of(t)})"
+    return "first engine"
+
+
 PREDICTED_COLUMNS = ("speedup", "lo", "hi", "step_cost", "tokens_per_step", "mean_accepted_length", "basis")
 
 
 def trials_frame(view: StudyView) -> pd.DataFrame:
     """One row per measured or failed trial: params, metrics, verdict, failure reason, speedup."""
     base = view.reference
-    base_m = base.user_attrs[attrs.MEASUREMENT] if base else None
     front = {t.number for t in pareto_trials(view)}
     old = view.superseded
     # Every objective gets a column, so that a report can draw the front from this table alone.
@@ -155,8 +206,14 @@ def trials_frame(view: StudyView) -> pd.DataFrame:
         row.update({f"param_{k}": val for k, val in ua.get(attrs.CANDIDATE, {}).items()})
         row.update({k: m.get(k) for k in metrics})
         row["acceptance_by_pos"] = " ".join(f"{x:.3f}" for x in m.get("acceptance_by_pos", []))
-        if m and base_m:
-            row.update({f"speedup_{k}": val for k, val in speedup(m, base_m).items()})
+        # Each figure against a named baseline: the ``speedup_*`` columns over the baseline's current record
+        # (trial ``speedup_over``, as the Pareto table, report.md and best.json show it), and the row's tok/s
+        # over the baseline's first engine (the console's ``measured ... over trial 0``); 1 for the baseline.
+        if m and (sp := record_speedup(view, t)) is not None:
+            row.update({f"speedup_{k}": val for k, val in sp.items()})
+            row["speedup_over"] = base.number if base is not None else None
+        row["speedup_over_first_baseline"] = over_first_baseline(view, t) if m else None
+        row["record"] = record_kind(view, t)
         pred = ua.get(attrs.PREDICTED) or {}  # what the forecast said before this trial ran
         row.update({f"predicted_{k}": pred.get(k) for k in PREDICTED_COLUMNS})
         row["planned"] = ua.get(attrs.PLANNED)

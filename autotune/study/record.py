@@ -85,7 +85,9 @@ def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
     n = trial.number
     progress.trial_started(n, cand.label)
     reference = None if is_base else _reference(view)
-    forecast = None if is_base or SCHEDULE_KEY in cand.params else \
+    # none for the baseline's own config (trial 0 and its fresh engines): its speedup is 1 by definition
+    again = view.baseline is not None and cand.key() == Candidate(attrs.candidate(view.baseline)).key()
+    forecast = None if is_base or again or SCHEDULE_KEY in cand.params else \
         forecast_for(view, space, cand.params, cfg.settings.max_model_len)
     if forecast is not None:  # what the model expected, before the measurement can tell it
         trial.set_user_attr(attrs.PREDICTED, forecast.to_dict())
@@ -121,7 +123,8 @@ def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
         outcome = replace(outcome, failure=outcome.failure + baseline_timed_out(limit, cfg))
     summary = _record(study, view, trial, cand, outcome, job, cfg, reference)
     if attrs.REMEASURE_OF in trial.user_attrs:
-        summary = f"fresh engine, pooled with trial {trial.user_attrs[attrs.REMEASURE_OF]}: {summary}"
+        summary = (f"selection round {trial.user_attrs.get(attrs.ROUND)}, fresh engine, pooled with trial "
+                   f"{trial.user_attrs[attrs.REMEASURE_OF]}: {summary}")
     elif attrs.role(trial) == attrs.HOLDOUT:  # never pooled: the figure's pairs, after the choice
         summary = f"holdout round {trial.user_attrs.get(attrs.ROUND)}, not pooled: {summary}"
     if forecast is not None:  # read after the tell: the trial as told, the baseline's record as it is now
@@ -136,7 +139,7 @@ def _pruner(view: StudyView, cfg: StudyConfig, cand: Candidate, trial: optuna.Tr
     or None. Not for the baseline, re-measurements, a depth schedule's or a deployed config's trials,
     studies with several load levels (a config slow at one may win at another), a first objective
     other than throughput, or a config the user asked for (--try)."""
-    from autotune.forecast.policy import NOISE_MIN, hopeless
+    from autotune.forecast.policy import hopeless
     from autotune.study.strategy import study_model
 
     if not cfg.prune or is_base or cfg.extra_loads or cfg.objectives[0] != "output_tok_s" \
@@ -151,20 +154,22 @@ def _pruner(view: StudyView, cfg: StudyConfig, cand: Candidate, trial: optuna.Tr
     best = max(feasible, key=lambda o: o.speedup) if feasible else None
     if best is None or best.speedup <= 1.0:
         return None  # nothing beats the baseline yet: every candidate may
-    noise = max(NOISE_MIN, best.rel_sd(model.noise))
+    noise = best.rel_sd(model.noise)  # at least the model's noise, itself at least forecast.FLOOR
     base_tok_s = float(attrs.measurement(base)["output_tok_s"])
     hi = forecast.hi if forecast is not None and forecast.speedup is not None else None
     return lambda tok_s: hopeless(tok_s / base_tok_s, best.speedup, noise, hi)
 
 
 def _against(view: StudyView, number: int, forecast: Forecast) -> str:
-    """Predicted beside measured, in one line."""
-    t, base = view.trial(number), view.reference
+    """Predicted beside measured, in one line: measured is this line's tok/s over the baseline's first
+    engine's, named (``over trial 0``), the figure trials.csv keeps as ``speedup_over_first_baseline``."""
+    from autotune.study.pareto import over_first_baseline
+
+    t, base = view.trial(number), view.baseline
     said = (f"predicted {forecast.speedup:.2f}x [{forecast.lo:.2f}-{forecast.hi:.2f}]" if forecast.speedup is not None
             else "no prediction")
-    if t.state != TrialState.COMPLETE or not attrs.measurement(base).get("output_tok_s"):
-        return said
-    return f"{said}, measured {attrs.measurement(t)['output_tok_s'] / attrs.measurement(base)['output_tok_s']:.2f}x"
+    ratio = over_first_baseline(view, t) if base is not None else None
+    return said if ratio is None else f"{said}, measured {ratio:.2f}x over trial {base.number}"
 
 
 def pooled(ev: Evaluation, before: FrozenTrial, cfg: StudyConfig) -> Evaluation:

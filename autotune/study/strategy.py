@@ -79,7 +79,8 @@ def study_model(view: StudyView, space: Any, max_model_len: int | None, *, level
     bm = attrs.measurement(ref)
     observations, failed = [Observation(attrs.candidate(base), 1.0, 1.0, 1.0)], []
     for t in view.trials:
-        if t.number in (base.number, ref.number) or not counts(t) or attrs.role(t) == attrs.EXTRA_BASELINE \
+        # the current records, as the tables read them: a holdout instance is the figure's, never a record
+        if t.number in (base.number, ref.number) or not counts(t) or attrs.role(t) in (attrs.EXTRA_BASELINE, attrs.HOLDOUT) \
                 or t.number in old:
             continue
         if t.state == TrialState.FAIL:
@@ -141,6 +142,41 @@ def edge_report(view: StudyView, pick: Any) -> list[dict[str, Any]] | None:
     own = model.forecast(params)
     return [{"knob": k, "top": top, "beyond": beyond, "forecast": f.speedup, "lo": f.lo, "hi": f.hi,
              "pick_forecast": own.speedup} for k, top, beyond, f in past_the_edge(space.grid(), model, params)]
+
+
+def stop_line(view: StudyView, pick: Any) -> str | None:
+    """The predict strategy's stop line, read again from the final records (the ones every table shows):
+    no unmeasured candidate beats the pick (its speedup as the Pareto table shows it) by more than the
+    noise, or which one might now, and how to measure it. None: no space, baseline or pick to read."""
+    from autotune.core.space import reload_space
+    from autotune.forecast.policy import best_optimistic, stop_text, unmeasured
+    from autotune.study.pareto import record_speedup
+
+    resolved = view.user_attrs.get(attrs.SPACE_RESOLVED)
+    if pick is None or not resolved:
+        return None
+    try:
+        space = reload_space(resolved)
+    except Exception:  # noqa: BLE001 - a space this build cannot rebuild: the line as the study wrote it
+        return None
+    got = study_model(view, space, view.user_attrs.get(attrs.MAX_MODEL_LEN))
+    record = view.latest(pick)
+    s = (record_speedup(view, record) or {}).get("output_tok_s")
+    if got is None or not isinstance(s, (int, float)) or not math.isfinite(s):
+        return None
+    model, observations, failed = got
+    key = Candidate(attrs.candidate(pick)).key()
+    own = next((o for o in observations if Candidate(o.params).key() == key), None)
+    noise = own.rel_sd(model.noise) if own is not None else model.noise
+    top = best_optimistic([model.forecast(c.params) for c in unmeasured(space.grid(), model, observations, failed)],
+                          model)
+    over = f"{s:.2f}x over trial {view.reference.number}" if view.reference is not None else f"{s:.2f}x"
+    named = f"the pick ({attrs.label(pick)}, {over}, as the table shows it)"
+    if top is not None and top.hi > s * (1 + noise):  # the records moved after the strategy stopped
+        return (f"stopped when no unmeasured candidate could beat the best measured then; on the final records "
+                f"{top.label} could reach {top.hi:.2f}x, above {named} by more than the noise ({noise:.0%}): "
+                f"--resume with --candidates {len(view.finished) + 1} measures it")
+    return stop_text(named, noise, top)
 
 
 def forecast_for(view: StudyView, space: Any, params: Mapping[str, Any], max_model_len: int | None
