@@ -1,0 +1,91 @@
+"""The README's headline timings, re-measured as a newcomer meets them (issue 53), in one run.
+
+A fresh clone of this checkout's commit (``git clone``, so nothing built here is reused but the pip
+cache), then, each as a whole process and timed from outside:
+
+- setup: ``bash scripts/setup.sh`` (the venv, vLLM for this machine, Arctic Inference's wheel);
+- the demo: ``bash scripts/demo.sh`` (its search with ``--confirm``), its console read line by line
+  with the time each line came: the study (until confirm's first line) and confirm;
+- engine start: each trial's ``engine_init_s`` and whole wall from the demo's trials.csv, and
+  confirm's servers' readiness (``server ready in``), forked from the launcher.
+
+The data file records the commit measured and the machine's kind; the README quotes it with both.
+Under the machine-wide engine lock, so no other engine runs beside it.
+
+    .venv/bin/python benchmarks/headline_timings.py [--out benchmarks/data/headline_timings.json]
+"""
+
+from __future__ import annotations
+
+import harness  # first: this checkout's autotune on the path
+
+import csv
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = harness.ROOT
+LOCK = "/tmp/autotune-engine.lock"
+
+
+def timed(cmd: list[str], cwd: Path, log: Path) -> tuple[int, float, list[tuple[float, str]]]:
+    """Run ``cmd`` under the engine lock; (exit code, wall from the lock's holding, timed lines)."""
+    lines: list[tuple[float, str]] = []
+    proc = subprocess.Popen(["flock", LOCK, "bash", "-c", 'echo "lock held"; exec "$@"', "_", *cmd], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # type: ignore[union-attr]
+        lines.append((time.time(), line.rstrip("\n")))
+    rc = proc.wait()
+    end = time.time()
+    log.write_text("\n".join(x for _, x in lines[1:]) + f"\nrc={rc}\n")
+    start = lines[0][0] if lines else end
+    return rc, end - start, lines[1:]
+
+
+def main() -> int:
+    ap = harness.parser(__doc__, out="headline_timings.json")
+    ap.add_argument("--keep", action="store_true", help="keep the fresh clone (its path is printed)")
+    args = ap.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    where = Path(tempfile.mkdtemp(prefix="headline-"))
+    clone = where / "autotune"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    data: dict = {"what": "the README's headline timings from a fresh clone: setup.sh, demo.sh (study, confirm), "
+                          "engine and server starts", "commit": commit, "pip_cache": "as this machine has it"}
+    rc, setup_s, _ = timed(["bash", "scripts/setup.sh"], clone, args.out.parent / "headline_setup.log")
+    data["setup"] = {"rc": rc, "wall_s": round(setup_s, 1)}
+    print(f"setup: rc={rc} {setup_s:.0f} s", flush=True)
+    if rc == 0:
+        rc, demo_s, lines = timed(["bash", "scripts/demo.sh"], clone, args.out.parent / "headline_demo.log")
+        confirm_at = next((t for t, x in lines if x.startswith("confirm round 1 ")), None)
+        first = lines[0][0] if lines else 0.0
+        ready = [float(m.group(1)) for _, x in lines if (m := re.search(r"server ready in (\d+(?:\.\d+)?) s", x))]
+        data["demo"] = {"rc": rc, "wall_s": round(demo_s, 1),
+                        "study_s": round((confirm_at or lines[-1][0]) - first, 1) if lines else None,
+                        "confirm_s": round(lines[-1][0] - confirm_at, 1) if confirm_at else None,
+                        "confirm_server_ready_s": ready, "log": "headline_demo.log"}
+        trials = clone / "results" / "demo" / "trials.csv"
+        if trials.is_file():
+            rows = list(csv.DictReader(trials.open()))
+            init = [float(r["engine_init_s"]) for r in rows if r.get("engine_init_s")]
+            wall = [float(r["wall_s"]) for r in rows if r.get("wall_s")]
+            data["engine"] = {"trials": len(rows), "median_engine_init_s": statistics.median(init) if init else None,
+                              "max_engine_init_s": max(init) if init else None,
+                              "median_trial_wall_s": statistics.median(wall) if wall else None}
+        print(f"demo: rc={rc} {demo_s:.0f} s (study {data['demo']['study_s']} s, confirm {data['demo']['confirm_s']} s)",
+              flush=True)
+    harness.save(args.out, data)
+    if args.keep:
+        print(f"clone kept: {clone}")
+    else:
+        shutil.rmtree(where, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

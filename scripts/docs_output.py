@@ -1,0 +1,94 @@
+"""Regenerate the docs' sample output from a saved run (issue 53: docs from this commit's output).
+
+A fenced block in README.md or docs/*.md tagged
+
+    <!-- log: demo_round5.log select: trial   0 | best: | served: -->
+
+holds, for each selector in order, the first line of benchmarks/data/demo_round5.log not taken yet
+that starts with it (runs of spaces closed up). This script rewrites every such block from its log;
+with --log and --results it first saves a run as that log and its best.json files beside it:
+
+    .venv/bin/python scripts/docs_output.py --log run.log --results RESULTS/demo --study-best study_best.json \
+        --name demo_round5
+    .venv/bin/python scripts/docs_output.py          # only rewrite the blocks from the saved logs
+
+tests/test_docs_figures.py checks both ways: each tagged block is what this script writes from its
+log, and the saved log's summary lines are what the current code prints from the saved best.json
+(so a changed format fails until a new run is saved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "data"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TAGGED = re.compile(r"(<!-- log: (\S+?)(?: select: (.*?))? -->\n```text\n)(.*?)(```)", re.S)
+
+
+def _flat(line: str) -> str:
+    return " ".join(line.split())
+
+
+def select(log_text: str, selectors: list[str]) -> list[str]:
+    """For each selector, the first unused log line starting with it (spaces closed up), as logged."""
+    lines = log_text.splitlines()
+    used: set[int] = set()
+    out = []
+    for sel in selectors:
+        want = _flat(sel)
+        hit = next((i for i, line in enumerate(lines) if i not in used and _flat(line).startswith(want)), None)
+        if hit is None:
+            raise LookupError(f"no line starting {sel!r} in the log")
+        used.add(hit)
+        out.append(lines[hit].rstrip())
+    return out
+
+
+def render(text: str) -> str:
+    """``text`` with every tagged block that has selectors rewritten from its log."""
+
+    def block(m: re.Match[str]) -> str:
+        head, log, selectors, _body, tail = m.groups()
+        if not selectors:
+            return m.group(0)
+        chosen = select((DATA / log).read_text(), [s.strip() for s in selectors.split(" | ")])
+        return head + "\n".join(chosen) + "\n" + tail
+
+    return TAGGED.sub(block, text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--log", type=Path, help="a run's console output to save as benchmarks/data/NAME.log")
+    ap.add_argument("--results", type=Path, help="its results folder: best.json saved as NAME_best.json")
+    ap.add_argument("--study-best", type=Path, help="best.json as the search left it, before confirm "
+                                                    "(saved as NAME_study_best.json)")
+    ap.add_argument("--name", default="demo_round5")
+    args = ap.parse_args()
+    if args.log:
+        shutil.copyfile(args.log, DATA / f"{args.name}.log")
+    if args.results:
+        shutil.copyfile(args.results / "best.json", DATA / f"{args.name}_best.json")
+    if args.study_best:
+        shutil.copyfile(args.study_best, DATA / f"{args.name}_study_best.json")
+    for doc in DOCS:
+        text = doc.read_text()
+        try:
+            new = render(text)
+        except (LookupError, OSError) as e:
+            print(f"{doc.relative_to(ROOT)}: {e}", file=sys.stderr)
+            return 1
+        if new != text:
+            doc.write_text(new)
+            print(f"rewrote {doc.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
