@@ -261,3 +261,23 @@ def test_the_saved_run_is_in_the_current_format():
     assert [x for x in lines if not _in_log(x, log)] == []
     # a changed word in any of them is caught
     assert not _in_log(headline(study).replace("best:", "pick:"), log)
+
+
+def test_the_readme_timings_name_their_commit_and_machine_and_are_recent():
+    """The README's headline timings (benchmarks/headline_timings.py) carry the commit they were measured
+    at and the machine's kind, and that commit is at most 10 commits touching autotune/ or scripts/
+    old (issue 53): a change past that re-measures them."""
+    import subprocess
+
+    data = json.loads((DATA / "headline_timings.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    commit = data["commit"]
+    assert f"`{commit[:7]}`" in readme and "headline_timings.json" in readme
+    kind = "AVX-512" if data["machine"].get("avx512") else "without AVX-512"
+    timing_line = next(line for line in readme.splitlines() if "headline_timings.json#/setup" in line)
+    assert kind in readme[readme.index(timing_line) - 400:readme.index(timing_line) + 600]
+    out = subprocess.run(["git", "rev-list", "--count", f"{commit}..HEAD", "--", "autotune", "scripts"], cwd=ROOT,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"this checkout has no history back to {commit[:7]} (a shallow clone): {out.stderr.strip()}")
+    assert int(out.stdout) <= 10, f"{out.stdout.strip()} commits touching autotune/ or scripts/ since the timings"
