@@ -65,7 +65,7 @@ def render(text: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--log", type=Path, help="a run's console output to save as benchmarks/data/NAME.log")
+    ap.add_argument("--log", type=Path, help="a run's console output, saved under benchmarks/data/ as the --name log")
     ap.add_argument("--results", type=Path, help="its results folder: best.json saved as NAME_best.json")
     ap.add_argument("--study-best", type=Path, help="best.json as the search left it, before confirm "
                                                     "(saved as NAME_study_best.json)")

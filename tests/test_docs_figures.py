@@ -29,7 +29,7 @@ NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 FIGURE = re.compile(r"(?<![\w.\-/=@])(?:±|\+-)?\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?(?:x\b|%|\s?(?:s|min|ms|h|tok/s|"
                     r"GB|MB|KB|GiB|MiB)\b)")
 # Settings the README states (thresholds, tolerances), not measurements: each phrase must still be there.
-SETTINGS = ("a significant 3%", "within 10% of the leader", "until a 10% resolution", "within 5%", "--tolerance 5%", "outside ±25%")
+SETTINGS = ("a significant 3%", "within 10% of the leader", "until a 10% resolution", "--tolerance 5%")
 NO_DATA = "no saved data"
 
 
