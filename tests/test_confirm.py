@@ -648,8 +648,10 @@ def test_real_engine_confirms_a_short_studys_pick(study_dir, tmp_path):
     # decided on the claimed/served interval: one served round has none, so the claim's interval decides
     assert report["served_vs_claimed"].split(":")[0] in (sv.WITHIN, sv.CONSISTENT, sv.DIFFER), ratio
     assert served["order"] == ["baseline", "pick"] and served["vllm_version"] == report["vllm_version"]
-    # each server measured in passes of vLLM's own client until the measured seconds reach confirm's floor
-    assert all(r["passes"] >= 2 and r["duration_s"] >= c.MIN_PASS_S for r in served["per_round"]), served["per_round"]
+    # each server measured in passes of vLLM's own client until the measured seconds reach confirm's
+    # floor, or MAX_PASSES passes (8 short edits on a fast pick: 8 passes may end under the floor)
+    assert all(r["passes"] >= 2 and (r["duration_s"] >= c.MIN_PASS_S or r["passes"] == c.MAX_PASSES)
+               for r in served["per_round"]), [(r["side"], r["passes"], r["duration_s"]) for r in served["per_round"]]
     for side in c.SIDES:
         data = json.loads((d / "confirm" / f"round-1-{side}.pass1.json").read_text())
         assert data["completed"] == 8 and data["failed"] == 0 and data["output_throughput"] > 0
