@@ -24,14 +24,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = harness.ROOT
-LOCK = "/tmp/autotune-engine.lock"
 DEMO = ["search", "examples/json_edit.jsonl", "--space", "quick", "--candidates", "8", "--study", "demo"]
 HOLDOUT_LINE = "holdout round "  # a holdout trial's line names it (printed as the trial ends)
 
@@ -43,19 +41,9 @@ def run_once(i: int, log_dir: Path) -> dict:
     # saved before confirm replaces it with the served one
     script = (f"{exe} {' '.join(DEMO)} --results {out} && cp {out}/demo/best.json {out}/study_best.json"
               f" && echo 'confirm starts' && {exe} confirm {out}/demo")
-    cmd = ["flock", LOCK, "bash", "-c", script]
-    lines: list[tuple[float, str]] = []
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    t_lock = None
-    for line in proc.stdout:  # type: ignore[union-attr]
-        now = time.time()
-        t_lock = t_lock or now  # the first line: the lock was held and the study started
-        lines.append((now, line.rstrip("\n")))
-    rc = proc.wait()
-    end = time.time()
     log = log_dir / f"demo_round5_run{i}.log"
-    log.write_text("\n".join(x for _, x in lines) + f"\nrc={rc}\n")
+    rc, _, end, lines = harness.run_locked_timed(["bash", "-c", script], log, env={**os.environ, "COLUMNS": "200"})
+    t_lock = lines[0][0] if lines else None  # the first line: the study started
     if rc != 0:
         return {"run": i, "error": "\n".join(x for _, x in lines[-8:]), "log": log.name}
     confirm_at = next((t for t, x in lines if x == "confirm starts"), end)

@@ -31,8 +31,10 @@ sys.path.insert(0, str(ROOT))  # this checkout's autotune first, before an insta
 from autotune.measure.metrics import ratio_interval  # noqa: E402
 from autotune.run import hardware  # noqa: E402
 
-__all__ = ["DATA", "ROOT", "machine", "paired", "parser", "ratio_interval", "reset_prefix_cache", "run_logged",
-           "save", "spread"]
+__all__ = ["DATA", "ENGINE_LOCK", "ROOT", "machine", "paired", "parser", "ratio_interval", "reset_prefix_cache",
+           "run_locked_timed", "run_logged", "save", "spread"]
+
+ENGINE_LOCK = "/tmp/autotune-engine.lock"  # the machine-wide lock: one engine at a time
 
 
 def parser(doc: str | None, *, out: str | None = None, summary: bool = False) -> argparse.ArgumentParser:
@@ -100,3 +102,21 @@ def run_logged(argv: list[str], log: Path, *, cwd: Path = ROOT) -> tuple[subproc
     wall = time.time() - t0
     log.write_text(proc.stdout + proc.stderr)
     return proc, wall
+
+
+def run_locked_timed(argv: list[str], log: Path, *, cwd: Path = ROOT, env: dict[str, str] | None = None
+                     ) -> tuple[int, float, float, list[tuple[float, str]]]:
+    """Run a command under the engine lock, its output read line by line with the time each came;
+    the console into ``log`` (its exit code last). (exit code, when the lock was held, end, lines)."""
+    held = "autotune-benchmark: lock held"
+    proc = subprocess.Popen(["flock", ENGINE_LOCK, "bash", "-c", f'echo "{held}"; exec "$@"', "_", *argv], cwd=cwd,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[tuple[float, str]] = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        lines.append((time.time(), line.rstrip("\n")))
+    rc = proc.wait()
+    end = time.time()
+    start = lines[0][0] if lines and lines[0][1] == held else end
+    lines = lines[1:] if lines and lines[0][1] == held else lines
+    log.write_text("\n".join(x for _, x in lines) + f"\nrc={rc}\n")
+    return rc, start, end, lines

@@ -26,25 +26,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = harness.ROOT
-LOCK = "/tmp/autotune-engine.lock"
 
 
 def timed(cmd: list[str], cwd: Path, log: Path) -> tuple[int, float, list[tuple[float, str]]]:
     """Run ``cmd`` under the engine lock; (exit code, wall from the lock's holding, timed lines)."""
-    lines: list[tuple[float, str]] = []
-    proc = subprocess.Popen(["flock", LOCK, "bash", "-c", 'echo "lock held"; exec "$@"', "_", *cmd], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout:  # type: ignore[union-attr]
-        lines.append((time.time(), line.rstrip("\n")))
-    rc = proc.wait()
-    end = time.time()
-    log.write_text("\n".join(x for _, x in lines[1:]) + f"\nrc={rc}\n")
-    start = lines[0][0] if lines else end
-    return rc, end - start, lines[1:]
+    rc, start, end, lines = harness.run_locked_timed(cmd, log, cwd=cwd)
+    return rc, end - start, lines
 
 
 def main() -> int:
