@@ -245,7 +245,7 @@ def test_the_saved_run_is_in_the_current_format():
     (as the search left it, then after confirm): a format change fails here until a new run is saved
     (scripts/docs_output.py)."""
     from autotune.measure.resolution import Resolution
-    from autotune.results.text import claim_line, headline
+    from autotune.results.text import claim_line, headline, stopped_line
     from autotune.serve.served import served_line
 
     log = (DATA / "demo_round5.log").read_text()
@@ -254,9 +254,8 @@ def test_the_saved_run_is_in_the_current_format():
     lines = [headline(study), claim_line(study), served_line(final)]
     if study.get("resolution"):
         lines.append(Resolution(**study["resolution"]).line())
-    strategy = study.get("strategy") or {}
-    if strategy.get("stopped"):
-        lines.append(f"{strategy['name']}: stopped after {strategy.get('candidates')} candidates: {strategy['stopped']}")
+    if (study.get("strategy") or {}).get("stopped"):
+        lines.append(stopped_line(study))
     assert all(lines)
     assert [x for x in lines if not _in_log(x, log)] == []
     # a changed word in any of them is caught

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from autotune.results.text import claim_line, edge_line, headline, schedule_line
+from autotune.results.text import claim_line, edge_line, headline, schedule_line, stopped_line
 
 WORKER_LOG_TAIL = 20  # lines of a failed trial's worker.log shown with --verbose
 
@@ -154,11 +154,8 @@ def category_table(entry: dict[str, Any]) -> Table:
 def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
     """The end of `autotune search`: the front, the pick by category, the pick and where it all is."""
     say.print(pareto_table(report))
-    stopped = (report.get("strategy") or {}).get("stopped")
-    if stopped:
-        n = report["strategy"].get("candidates") or report["trials"]["finished"]  # before issue 53: every trial
-        say.print(f"{report['strategy']['name']}: stopped after {n} candidates: {escape(stopped)}",
-                  highlight=False, soft_wrap=True)
+    if stopped := stopped_line(report):
+        say.print(stopped, highlight=False, markup=False, soft_wrap=True)
     if (report.get("best") or {}).get("speedup_by_category"):
         say.print(category_table(report["best"]))
     if report.get("best"):

@@ -37,6 +37,15 @@ def claim_line(report: dict[str, Any]) -> str | None:
             f"phase's measured ratio (the evidence trial {best['trial']} was chosen on, not its figure){why}")
 
 
+def stopped_line(report: dict[str, Any]) -> str | None:
+    """Why the strategy stopped before its budget, counted in candidates; None where it did not."""
+    strategy = report.get("strategy") or {}
+    if not strategy.get("stopped"):
+        return None
+    n = strategy.get("candidates") or report["trials"]["finished"]  # before issue 53: every trial
+    return f"{strategy['name']}: stopped after {n} candidates: {strategy['stopped']}"
+
+
 def headline(report: dict[str, Any]) -> str | None:
     """The ``best:`` line: the pick and its figure (from measurements after the choice: the holdout, or
     confirm's served rounds), its unit, resolution and load; or why it has no figure. One wording for the
