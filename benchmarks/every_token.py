@@ -22,8 +22,19 @@ Cells (the positions each fault may act at are a random window of every request,
                     (m = 0.05, 0.1, 0.25, 0.5, 1)
     every_N         a correct decode that emits its runner-up at one token in N (random phase)
 
-For each cell: the seeds where the fault changed an output, and among those the share the verdict
-rejected (for numerics: the share rejected of all seeds). Saved to ``--out``:
+Every differing output of the speculative cells (numerics, accept_m) is also decoded again with
+speculation and log-probs, as autotune.run.replay.score_own does where the engine can: vLLM takes a
+speculative step's log-probs from the verifying target's raw logits, apart from the acceptance, so the
+target's own rank of each emitted token shows a draft accepted under the top at any margin
+(autotune.measure.every_token.own_rank_fault). The junk and every-N cells stand for wrong logits,
+whose own log-probs would rank the wrong tokens first: they are judged on the teacher-forced scores.
+
+For each cell: the seeds where the fault changed an output (an acceptance fault: it passed a draft
+strictly under the top in an output that differs from the baseline's; below bfloat16's step a "near
+tie" is an exact tie, and a tied token is a top token; and where the passed draft is the token the
+baseline's own decode chose, no output changed), and among those the share the verdict
+rejected (for numerics: the share rejected of all seeds), and the share the teacher-forced scores
+alone rejected (the rule without the own decode). Saved to ``--out``:
 
     .venv/bin/python benchmarks/every_token.py --out benchmarks/data/every_token.json
 """
@@ -105,9 +116,13 @@ def greedy(model: Model, req: int, n: int, wrong: set[int] = frozenset()) -> lis
     return path
 
 
-def speculate(model: Model, req: int, n: int, accept: float, window: tuple[int, int]) -> list[int]:
+def speculate(model: Model, req: int, n: int, accept: float, window: tuple[int, int],
+              lps: list[np.ndarray] | None = None, acted: list[float] | None = None) -> list[int]:
     """Speculative greedy decoding in the verify shape: K drafts a step, each accepted where it is the
-    target's top token, or (the fault, inside ``window``) within ``accept`` nats of it."""
+    target's top token, or (the fault, inside ``window``) within ``accept`` nats of it. ``lps``: filled
+    with the verify pass's log-probs at each emitted token, as vLLM returns a speculative decode's
+    log-probs (from the target's raw logits, apart from the acceptance); ``acted``: filled with the
+    margin of each draft the fault accepted strictly under the top (an exact tie is a top token too)."""
     path: list[int] = []
     while len(path) < n:
         drafts: list[int] = []
@@ -121,13 +136,18 @@ def speculate(model: Model, req: int, n: int, accept: float, window: tuple[int, 
             d = drafts[j] if j < K else None
             faulty = d is not None and window[0] <= len(ctx) < window[1] and lp[best] - lp[d] < accept
             path.append(d if d is not None and (d == best or faulty) else best)
+            if acted is not None and d is not None and d != best and faulty and lp[best] > lp[d]:
+                acted.append(float(lp[best] - lp[d]))
+            if lps is not None:
+                lps.append(lp)
             if len(path) >= n or d is None or path[-1] != d:
                 break
     return path[:n]
 
 
-def one(model: Model, cell: tuple[str, float], seed: int, n_req: int, n_tok: int) -> tuple[bool, bool, str]:
-    """(the fault changed an output, the verdict rejected the candidate, its reason) for one seed."""
+def one(model: Model, cell: tuple[str, float], seed: int, n_req: int, n_tok: int) -> tuple[bool, bool, str, bool]:
+    """(the fault changed an output, the verdict rejected the candidate, its reason, the verdict on the
+    teacher-forced scores alone rejected it) for one seed."""
     rng = np.random.default_rng(seed)
     kind, x = cell
     reqs_k = [int(k) for k in rng.integers(0, 1 << 40, n_req)]  # the prompts: new contexts each seed
@@ -137,8 +157,9 @@ def one(model: Model, cell: tuple[str, float], seed: int, n_req: int, n_tok: int
     scores = {f"r{i}": score(model, "prefill", k, p) for i, (k, p) in enumerate(zip(reqs_k, base))}
     decode = {f"r{i}": score(model, "decode", k, p) for i, (k, p) in enumerate(zip(reqs_k[:64], base))}
     numerics = measure_numerics("bfloat16", scores, decode)
+    acted: list[list[float]] = [[] for _ in reqs_k]  # per request: the drafts the fault passed under the top
     if kind == "spec":
-        cand = [speculate(model, k, n_tok, x, window) for k in reqs_k]
+        cand = [speculate(model, k, n_tok, x, window, acted=a) for k, a in zip(reqs_k, acted)]
     elif kind == "every":
         phase = int(rng.integers(0, int(x)))
         cand = [greedy(model, k, n_tok, {i for i in range(*window) if i % int(x) == phase}) for k in reqs_k]
@@ -152,10 +173,26 @@ def one(model: Model, cell: tuple[str, float], seed: int, n_req: int, n_tok: int
             cand[i] = base[i][:p] + [int(runner)] + [int(t) for t in rng.integers(0, V, n_tok - p - 1)]
     own = {f"r{i}": score(model, "prefill", k, c) for i, (k, c, b) in enumerate(zip(reqs_k, cand, base)) if c != b}
     reqs = [{"id": f"r{i}", "sampling": {"temperature": 0.0, "max_tokens": n_tok}, "expect": {}} for i in range(n_req)]
-    v = verdict(reqs, [_record(f"r{i}", c) for i, c in enumerate(cand)], [_record(f"r{i}", b) for i, b in enumerate(base)],
-                lossy=False, tol=Tolerances(), base_scores=scores, own_scores=own, numerics=numerics,
-                threshold=numerics.threshold)
-    return cand != base, not v.passed, v.reason
+
+    def judged(own_scores: dict[str, Any]) -> Any:
+        return verdict(reqs, [_record(f"r{i}", c) for i, c in enumerate(cand)],
+                       [_record(f"r{i}", b) for i, b in enumerate(base)], lossy=False, tol=Tolerances(),
+                       base_scores=scores, own_scores=own_scores, numerics=numerics, threshold=numerics.threshold)
+    alone = judged(own)
+    if kind == "spec":  # each differing output decoded again, speculation on, log-probs asked (autotune.run.replay.score_own)
+        for rid in own:
+            lps: list[np.ndarray] = []
+            path = speculate(model, reqs_k[int(rid[1:])], n_tok, x, window, lps)
+            own[rid] = {**own[rid], "decoded": _scored(lps, path)}
+        v = judged(own)
+    else:  # the junk and every-N faults stand for wrong logits, whose own log-probs rank the wrong token first
+        v = alone
+    if kind == "spec" and x > 0:  # the fault changed an output: it passed a draft under the top in an output
+        # that differs from the baseline's (where its token is the baseline's own, nothing changed for a user)
+        changed = any(a and c != b for a, c, b in zip(acted, cand, base))
+    else:
+        changed = cand != base
+    return changed, not v.passed, v.reason, not alone.passed
 
 
 def main() -> None:
@@ -175,13 +212,16 @@ def main() -> None:
         res = [one(model, CELLS[name], 7919 * s + 13, args.requests, args.tokens) for s in range(seeds)]
         changed = [r for r in res if r[0]]
         caught = sum(r[1] for r in changed)
+        scores_only = sum(r[3] for r in changed)
         rows[name] = {"seeds": seeds, "changed": len(changed), "changed_share": len(changed) / seeds,
                       "caught": caught, "caught_share": caught / len(changed) if changed else None,
+                      "caught_scores_only": scores_only,
+                      "caught_scores_only_share": scores_only / len(changed) if changed else None,
                       "rejected": sum(r[1] for r in res), "rejected_share": sum(r[1] for r in res) / seeds,
                       "example_reason": next((r[2] for r in res if r[1]), res[0][2])[:600]}
         share = f"{rows[name]['caught_share']:.1%}" if changed else "-"
-        print(f"{name:<12} changed {len(changed):4d}/{seeds}  caught {caught:4d} ({share})  "
-              f"rejected {rows[name]['rejected']}/{seeds}", flush=True)
+        print(f"{name:<12} changed {len(changed):4d}/{seeds}  caught {caught:4d} ({share}; "
+              f"scores alone {scores_only})  rejected {rows[name]['rejected']}/{seeds}", flush=True)
         harness.save(args.out, {"seeds": args.seeds, "numerics_seeds": args.numerics_seeds, "requests": args.requests, "tokens": args.tokens,
                                 "moved": args.moved, "seconds": round(time.perf_counter() - t0, 1),
                                 "numerics": _numerics_example(model, args), "cells": rows})

@@ -7,7 +7,8 @@ Two workers as in a study (warm-up, one measured window, the demo's concurrency 
                pass (its greedy requests decoded again with their top log-probs,
                autotune.run.replay.decode_drift), against its measured window
     candidate  ngram k=3, made to score every greedy output of its own (as if each differed from the
-               baseline's: autotune.run.replay.score_own), against its measured window, and the
+               baseline's: autotune.run.replay.score_own) and decode it again with log-probs (the
+               target's own ranks, phase decode_own), against its measured window, and the
                baseline's outputs too (the same paths, the pass a lossy config runs), in the same engine
 
 Each phase's seconds come from the worker's own events (autotune.run.worker). Per output: the
@@ -64,6 +65,7 @@ def run(name: str, params: dict[str, Any], cfg: StudyConfig, wl: Any, root: Path
             "window_s": round(out.raw["windows"][0]["window_s"], 3),
             "requests": len(recs), "output_tokens": sum(len(r["token_ids"]) for r in recs),
             "scored": len(out.raw.get("scores") or {}), "own_scored": len(out.raw.get("own_scores") or {}),
+            "own_decoded": sum("logprobs" in (s.get("decoded") or {}) for s in (out.raw.get("own_scores") or {}).values()),
             "drift_requests": len(out.raw.get("decode_logprobs") or {})}
 
 
@@ -84,6 +86,7 @@ def main() -> None:
     cand.pop("paths")
     cand.pop("numerics")  # the candidate's scores of its own outputs are no baseline's: not its numerics
     per_out = cand["phases"].get("score_own", 0.0) / max(1, cand["own_scored"])
+    rank_per_out = cand["phases"].get("decode_own", 0.0) / max(1, cand["own_decoded"])
     decode_per_out = cand["window_s"] / cand["requests"]  # concurrency 1: one output at a time
     result = {"dtype": args.dtype, "workload": f"examples/json_edit.jsonl, first {args.requests}",
               "baseline": base, "candidate": cand,
@@ -91,13 +94,16 @@ def main() -> None:
               "baseline_score_over_window": round(base["phases"].get("score", 0.0) / base["window_s"], 3),
               "prefill_per_output_s": round(per_out, 4), "candidate_decode_per_output_s": round(decode_per_out, 4),
               "prefill_over_decode": round(per_out / decode_per_out, 4),
+              "own_decode_per_output_s": round(rank_per_out, 4),
+              "own_decode_over_decode": round(rank_per_out / decode_per_out, 4),
               "candidate_score_baseline_paths_per_output_s": round(cand["phases"].get("score", 0.0) / max(1, cand["scored"]), 4),
               "machine_shared": "2 cores shared with other engineers' work; engines under the engine lock"}
     harness.save(args.out, result)
     print(f"baseline: window {base['window_s']:.1f}s, score {base['phases'].get('score', 0):.1f}s, drift "
           f"{base['phases'].get('drift', 0):.1f}s ({base['drift_requests']} requests); candidate: window "
           f"{cand['window_s']:.1f}s, {cand['own_scored']} outputs scored in {cand['phases'].get('score_own', 0):.1f}s: "
-          f"{per_out:.3f}s each against {decode_per_out:.3f}s to decode one ({per_out / decode_per_out:.1%})")
+          f"{per_out:.3f}s each against {decode_per_out:.3f}s to decode one ({per_out / decode_per_out:.1%}); "
+          f"{cand['own_decoded']} decoded again with log-probs (their ranks): {rank_per_out:.3f}s each")
 
 
 if __name__ == "__main__":

@@ -146,3 +146,56 @@ def test_judge_output_kinds():
     assert ok.kind == NEAR and ok.excused == (pytest.approx(0.2),)
     bad = judge_output("r", cand, ref, _score(cand, at={2: (0.2, True), 3: (0.3, True)}), None, TH)
     assert bad.kind == FAULT and bad.fault == (3, pytest.approx(0.3))
+
+
+def test_a_draft_accepted_under_the_top_shows_in_its_own_decodes_log_probs_at_any_margin():
+    """One output flipped 0.01 nats under the top: inside the threshold and, alone, inside what the
+    baseline's drift predicts (loud numerics), so the scores alone pass it; its own decode with
+    speculation, whose log-probs come from the verifying target's raw logits, ranked that token second:
+    a fault however small the margin."""
+    reqs, base = _greedy(32)
+    scores, loud = _numerics(base, drift=0.12)
+    cand = [dict(r) for r in base]
+    cand[3] = _flip(base[3], 5, [7000 + j for j in range(34)])
+    own = {"r3": _score(cand[3]["token_ids"], at={5: (0.01, True)})}
+    kw = dict(lossy=False, tol=Tolerances(), base_scores=scores, numerics=loud, threshold=TH)
+    assert verdict(reqs, cand, base, own_scores=own, **kw).passed
+    own["r3"]["decoded"] = _score(cand[3]["token_ids"], at={5: (0.01, True)})
+    v = verdict(reqs, cand, base, own_scores=own, **kw)
+    assert not v.passed and v.flip_faults == 1, v.reason
+    assert "at token 5 (margin 0.01 nats): its own decode with speculation emitted" in v.reason
+
+
+def test_an_own_decode_that_tops_every_token_passes_ties_included():
+    """A lossless engine: its own decode's every token is the top one (a tie at token 5), whatever
+    path it took; the teacher-forced scores still judge the measured output."""
+    from autotune.measure.every_token import own_rank_fault
+
+    path = list(range(10))
+    tie = _score(path)
+    tie["top"][5] = [[105, -0.1], [5, -0.1]]  # another token at exactly the same log-prob
+    assert own_rank_fault(tie) is None
+    assert own_rank_fault({"error": "refused"}) is None and own_rank_fault(None) is None
+    assert own_rank_fault(_score(path, at={7: (0.2, True)})) == (7, pytest.approx(0.2))
+    reqs, base = _greedy(32)
+    scores, num = _numerics(base, drift=0.12, every=4)
+    cand = [dict(r) for r in base]
+    cand[3] = _flip(base[3], 5, [7000 + j for j in range(34)])
+    own = {"r3": {**_score(cand[3]["token_ids"], at={5: (0.1, True)}), "decoded": tie}}
+    v = verdict(reqs, cand, base, lossy=False, tol=Tolerances(), base_scores=scores, own_scores=own,
+                numerics=num, threshold=TH)
+    assert v.passed and v.near_ties == 1, v.reason
+
+
+@pytest.mark.parametrize("sampling,plain", [
+    ({"temperature": 0.0, "max_tokens": 8, "ignore_eos": True}, True),
+    ({"temperature": 0.0, "min_tokens": 0, "repetition_penalty": 1.0}, True),
+    ({"temperature": 0.0, "min_tokens": 4}, False),  # EOS masked: the raw logits' top may be EOS
+    ({"temperature": 0.0, "repetition_penalty": 1.1}, False),
+    ({"temperature": 0.0, "structured_outputs": {"json": {}}}, False),
+    ({"temperature": 0.7}, False),
+])
+def test_only_plain_greedy_requests_are_decoded_for_their_ranks(sampling, plain):
+    from autotune.run.replay import plain_greedy
+
+    assert plain_greedy(sampling) is plain

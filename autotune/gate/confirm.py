@@ -9,7 +9,9 @@ instance show (benchmarks/data/served_gap*.json). So this step:
   study's one ABBA order (autotune.measure.intervals.abba: baseline, pick | pick, baseline | ...), so
   that a drift over the run weighs on both sides alike; a new server instance each, one after
   another: a server starting beside the measured one slowed it by 7-19% in each of 3 pairs on 2 cores
-  (benchmarks/data/confirm_overlap.json); rounds come two at a time until the served speedup
+  (benchmarks/data/confirm_overlap.json), and both up at once, blocks interleaved, spread as much
+  block to block (log sd 0.19) while the idle one moved the two sides apart (pick 0.88x, baseline
+  1.15x its alone speed: benchmarks/data/confirm_interleave.json); rounds come two at a time until the served speedup
   resolves to ``--resolution`` (autotune.measure.sequential), and each server is measured in passes
   until ``--min-pass-s`` measured seconds, its caches emptied between passes (autotune.vllm_cli);
 - starts each server and client forked from autotune's launcher (autotune.run.launcher; the
@@ -185,6 +187,17 @@ def setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int = 
     """What confirm serves and sends for a results folder, for a benchmark to drive its own rounds
     (benchmarks/client_gap.py): the dataset, both serve scripts, the client's command."""
     return _setup(results_dir, report, wl, warmups=warmups, python=python)
+
+
+def read_workload(report: dict[str, Any], workload: Any = None) -> Any:
+    """The workload confirm serves for ``report`` (best.json's own, read as the study read it), for a
+    benchmark that drives its own rounds (benchmarks/confirm_interleave.py)."""
+    return _load_workload(report, workload, fmt="auto", output_len=None, turns=None, drop_too_long=False)
+
+
+def starter(forked: bool) -> Any:
+    """How confirm starts a round's processes (through the launcher when ``forked``), for a benchmark."""
+    return _start(forked)
 
 
 def _start(forked: bool) -> Any:

@@ -41,7 +41,8 @@ class Judged:
 
     def describe(self) -> str:
         if self.fault is not None:
-            return f"request {self.request!r} at token {self.fault[0]} (margin {self.fault[1]:.3g} nats)"
+            why = f": {self.why}" if self.why.startswith("its own decode") else ""
+            return f"request {self.request!r} at token {self.fault[0]} (margin {self.fault[1]:.3g} nats){why}"
         return f"request {self.request!r} at token {self.first} ({self.why})"
 
 
@@ -52,11 +53,18 @@ def _own_path(score: dict[str, Any] | None, tokens: list[int]) -> bool:
 def judge_output(rid: str, cand: list[int], ref: list[int], own: dict[str, Any] | None,
                  ref_score: dict[str, Any] | None, threshold: Threshold) -> Judged | None:
     """Judge a greedy output against its reference (None: identical). ``own``: the candidate's
-    teacher-forced scores of its own output; ``ref_score``: the reference's of its own (for the first
-    divergence alone, where ``own`` is missing: a fault there still fails the output)."""
+    teacher-forced scores of its own output, with under ``decoded`` its own decode of the request with
+    log-probs, where one ran (a token it ranked below the top fails the output: ``own_rank_fault``);
+    ``ref_score``: the reference's of its own (for the first divergence alone, where ``own`` is
+    missing: a fault there still fails the output)."""
     if cand == ref:
         return None
+    ranked = own_rank_fault((own or {}).get("decoded"))
     n = next((i for i, (x, y) in enumerate(zip(cand, ref)) if x != y), min(len(cand), len(ref)))
+    if ranked is not None:
+        i, m = ranked
+        return Judged(rid, FAULT, n, fault=(i, m), why=f"its own decode with speculation emitted, at token {i}, a "
+                      f"token its target ranked {m:.3g} nats under the top one (an acceptance fault)")
     if n >= min(len(cand), len(ref)):
         longer = "the candidate's" if len(cand) > len(ref) else "the reference's"
         return Judged(rid, FAULT, n, fault=None, why=f"one output ends at token {n} where {longer} goes on, "
@@ -77,6 +85,28 @@ def judge_output(rid: str, cand: list[int], ref: list[int], own: dict[str, Any] 
             return Judged(rid, FAULT, n, tuple(excused), fault=(i, m))
         excused.append(m)
     return Judged(rid, NEAR, n, tuple(excused))
+
+
+def own_rank_fault(decoded: dict[str, Any] | None) -> tuple[int, float] | None:
+    """The first position where an engine's own decode (with speculation, log-probs asked:
+    autotune.run.replay.score_own) emitted a token its target ranked below another, as (position,
+    margin in nats); None where every emitted token is a top token, or there is no such decode.
+
+    vLLM computes a speculative step's log-probs from the target's raw logits of that verification
+    pass, apart from the acceptance that picks the tokens (vllm/v1/sample/rejection_sampler.py,
+    ``_get_logprobs_tensors`` on ``raw_target_logits``), and greedy acceptance keeps a draft only where
+    it is the argmax of those logits. So a lossless engine emits rank-1 tokens at every position by
+    construction (ties count as top), whatever its numerics, and a token below the top is its
+    acceptance passing a draft the target did not choose, at any margin: the near-tie band's blind
+    spot. Requests whose logits a processor changes (penalties, biases, grammars, min_tokens) are not
+    decoded for it (autotune.run.replay.plain_greedy)."""
+    if not decoded or "logprobs" not in decoded or "top" not in decoded:
+        return None
+    for i, (t, lp, top) in enumerate(zip(decoded["token_ids"], decoded["logprobs"], decoded["top"])):
+        m, _ = top_gap(top, t, lp)
+        if m > 0:
+            return i, m
+    return None
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,8 @@ async def _run(job: Job, phase: Phase) -> RawRun:
         samples = await sampled_draws(engine, reqs, prompts, replay, phase,
                                  {x["id"]: x.get("prompt_tokens") for x in windows[0]["requests"]})
         scores = await score_greedy(engine, reqs, windows[0]["requests"], job.get("reference"), phase)
-        own = await score_own(engine, windows[0]["requests"], job.get("judge"), phase)
+        own = await score_own(engine, windows[0]["requests"], job.get("judge"), phase,
+                              {r["id"]: r["sampling"] for r in reqs})
         decode = await decode_drift(engine, reqs, windows[0]["requests"], load, phase) if job.get("drift") else {}
         ran = engine.speculation()
         dtype = engine.dtype() if hasattr(engine, "dtype") else None  # the served instrument does not say

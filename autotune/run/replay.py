@@ -251,18 +251,46 @@ async def score_greedy(engine: Any, reqs: list[dict[str, Any]], records: list[di
     return out
 
 
+# Sampling keys whose logits processors can make a greedy token other than the raw logits' argmax:
+# vLLM's log-probs are of the raw logits, so the own-rank check (autotune.measure.every_token) skips them.
+PROCESSED = ("min_tokens", "logit_bias", "bad_words", "allowed_token_ids", "structured_outputs", "guided_json",
+             "guided_regex", "guided_choice", "guided_grammar", "response_format", "repetition_penalty",
+             "presence_penalty", "frequency_penalty", "logits_processors")
+NEUTRAL = {"min_tokens": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def plain_greedy(sampling: dict[str, Any]) -> bool:
+    """Greedy with nothing that changes the logits before the argmax (see PROCESSED)."""
+    return sampling.get("temperature", 0) == 0 and all(sampling.get(k) in (None, NEUTRAL.get(k)) for k in PROCESSED)
+
+
 async def score_own(engine: Any, records: list[dict[str, Any]], judge: dict[str, list[int] | None] | None,
-                    phase: Phase) -> dict[str, dict[str, Any]]:
+                    phase: Phase, sampling: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """After measuring: score teacher-forced, in one prefill each, the run's own greedy outputs that
     differ from the reference's (``judge``: request id -> its tokens; None there: score it whatever
     they are), so that every token of theirs is judged (autotune.measure.every_token). A prefill
-    verifies no draft: a speculative engine scores as the target alone."""
+    verifies no draft: a speculative engine scores as the target alone.
+
+    Where ``sampling`` (request id -> its sampling) holds the request as plain greedy and the engine
+    decodes with log-probs, the request is also decoded again, speculation on, with the top log-prob
+    at each token (under ``decoded``): the target's own ranking of each token it emitted
+    (autotune.measure.every_token.own_rank_fault). One request at a time, like the scoring."""
     chosen = [r for r in records if judge and r["id"] in judge and r.get("prompt_token_ids") and r["token_ids"]
               and (judge[r["id"]] is None or r["token_ids"] != judge[r["id"]])]
     if not chosen:
         return {}
     phase("score_own", {"total": len(chosen)})
-    return {r["id"]: await _score(engine, r["prompt_token_ids"], r["token_ids"], r["id"]) for r in chosen}
+    out = {r["id"]: await _score(engine, r["prompt_token_ids"], r["token_ids"], r["id"]) for r in chosen}
+    plain = [r for r in chosen if sampling and r["id"] in sampling and plain_greedy(sampling[r["id"]])]
+    if plain and hasattr(engine, "decode_logprobs"):
+        phase("decode_own", {"total": len(plain)})
+        for r in plain:
+            try:
+                out[r["id"]]["decoded"] = await engine.decode_logprobs(
+                    r["prompt_token_ids"], sampling[r["id"]], 1, f"{r['id']}-rank-{uuid.uuid4().hex[:8]}")
+            except Exception as e:  # judged by the scores alone; say why
+                out[r["id"]]["decoded"] = {"error": f"{type(e).__name__}: {e}"}
+    return out
 
 
 async def decode_drift(engine: Any, reqs: list[dict[str, Any]], records: list[dict[str, Any]],
