@@ -84,3 +84,23 @@ def test_a_pick_measured_again_on_a_fresh_engine_is_on_the_front_as_its_pooled_r
     front = [t.number for t in pareto_trials(s)]
     assert 1 not in front and 3 in front
     assert choose(s).trial.number in front
+
+
+def test_a_lossy_config_behind_a_lossless_leader_is_no_contender():
+    """Selection rounds only where they can change the choice (issue 49): a lossy config 5% behind a
+    lossless leader could become the pick only by a paired gain over it above 1 + 3%, which three
+    rounds cannot show from behind, so the runner-up is the best other lossless config (here the
+    baseline, far behind: the leader is the pick outright, no round). Before, it drew three rounds
+    of three engines (round 5's demo runs 5 and 6). A lossy leader still meets its lossless
+    runner-up in rounds."""
+    from autotune.study.select import contenders, within_band
+
+    lead = trial("draft k=2", DRAFT, [147.0, 148.0, 149.0], 600)
+    s = study(BASE, lead, trial("draft k=2 kv=fp8", FP8, [140.0, 141.0, 142.0], 620))
+    leader, runner = contenders(s)
+    assert leader.user_attrs["label"] == "draft k=2" and runner.user_attrs["label"] == "none"
+    assert not within_band(s, leader, runner)
+    s = study(BASE, trial("draft k=2", DRAFT, [140.0, 141.0, 142.0], 620),
+              trial("draft k=2 kv=fp8", FP8, [147.0, 148.0, 149.0], 600))
+    leader, runner = contenders(s)
+    assert leader.user_attrs["label"] == "draft k=2 kv=fp8" and runner.user_attrs["label"] == "draft k=2"

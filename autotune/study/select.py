@@ -7,7 +7,8 @@ a lead beyond that does not turn on noise. Otherwise the leader and the runner-u
 config when the leader is lossy) are measured again on fresh engines beside the baseline, in
 SELECTION_ROUNDS rounds in the one ABBA order (autotune.measure.intervals.abba), and the pick is the
 better of the two over those rounds' pairs (side by side, never the first trials, which were measured
-apart). A lossy config wins only where its paired gain interval lies above 1 + lossy_min_gain.
+apart). A lossy config wins only where its paired gain interval lies above 1 + lossy_min_gain, and
+is measured in rounds only as the leader (``contenders``).
 
 The choice is then final (``SELECTED`` in the study) and the pick's figure comes from the holdout
 (autotune.study.holdout): rounds measured after it, which cannot change it. The selection rounds pool
@@ -49,8 +50,12 @@ def _lossy(t: FrozenTrial) -> bool:
 
 def contenders(view: StudyView) -> tuple[FrozenTrial | None, FrozenTrial | None]:
     """(leader, runner-up) among the current feasible fixed-depth records on the first objective: the
-    leader may be lossy; the runner-up is the best lossless config when it is, else the best other
-    config (the baseline included: a leader within the band of no speculation is not a sure gain)."""
+    leader may be lossy; the runner-up is the best other lossless config (the baseline included: a
+    leader within the band of no speculation is not a sure gain). A lossy config is never the
+    runner-up: behind a lossy leader it is not the lossless alternative, and behind a lossless one it
+    could become the pick only by a gain over the leader that lies above 1 + lossy_min_gain on paired
+    rounds, which LOSSY_ROUNDS rounds (t(2) = 4.3) cannot show for a config measured behind it: its
+    rounds could not change the choice (round 5's demo spent 9 engines on such rounds)."""
     from autotune.study.pareto import pareto_trials
 
     front = pareto_trials(view, schedules=False)
@@ -59,9 +64,8 @@ def contenders(view: StudyView) -> tuple[FrozenTrial | None, FrozenTrial | None]
     sign = view.sign
     # On a tie, the record with more evidence (pooled over fresh engines) goes first.
     lead = max(front, key=lambda t: (sign * t.values[0], attrs.REMEASURE_OF in t.user_attrs))
-    others = [t for t in view.current if feasible(t) and not is_schedule(t) and _key(t) != _key(lead)]
-    if _lossy(lead):
-        others = [t for t in others if not _lossy(t)]
+    others = [t for t in view.current if feasible(t) and not is_schedule(t) and _key(t) != _key(lead)
+              and not _lossy(t)]
     runner = max(others, key=lambda t: sign * t.values[0], default=None)
     return lead, runner
 
