@@ -549,3 +549,31 @@ def test_a_lossy_speculative_trial_is_judged_against_its_config_without_speculat
         assert v["constraints"][3] > 0 and v["constraints"][4] == 0  # distribution_shift, not the drift
     else:
         assert v["passed"] and v["status"] == "ok" and v["distribution_p"] > 0.01, v
+
+
+def test_once_the_strategy_stops_its_stop_stands_through_the_selection_rounds(tmp_path, fake_engine_env, monkeypatch):
+    """Issue 49 (the demo's time): the strategy is asked no more once it said stop. Before, each
+    selection round's engines moved the forecasts, the strategy was asked again, and a candidate it
+    brought back started the selection over (claim_vs_served.json run 11: three engines more). Here
+    the strategy stops at once after the two queued candidates, which meet in three selection rounds
+    (fp8 KV measured faster by noise: a lossy leader); it is asked exactly once."""
+    from autotune.forecast.policy import Step
+    from autotune.measure.validate import Tolerances
+    from autotune.study import loop
+
+    asked = []
+
+    def stop_at_once(view, *a, **kw):
+        asked.append(view.user_attrs.get("stopped"))
+        return Step(None, "planted: nothing left in reach", stop=True)
+
+    monkeypatch.setattr(loop, "plan", stop_at_once)
+    monkeypatch.setenv("AUTOTUNE_FAKE_SEED", "3")  # noise makes fp8 measure faster (the lossy test above)
+    space = load_space(FAKE_SPACE, platform="cpu", models=set())
+    c = cfg(tmp_path, n_trials=6, repeats=4, tolerances=Tolerances(max_logprob_drift=0.1), remeasure=True, pairs=2,
+            strategy="predict")
+    study = run_study(c, load_workload("examples/smoke.jsonl"), space, enqueue=[NGRAM3, NGRAM3_FP8])
+    rounds = {x.user_attrs["round"] for x in study.trials if x.user_attrs.get("role") == "re-measure"}
+    assert len(rounds) == 3, rounds  # the selection ran its rounds
+    assert asked == [None], asked  # asked once, never again with its stop said
+    assert study.user_attrs["stopped"] == "planted: nothing left in reach"

@@ -183,9 +183,15 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
                 progress.note(f"draft trace failed: {failure}; draft_model candidates are measured without a "
                               f"forecast (worker log: {cfg.results_dir / 'draft-trace' / 'worker.log'})")
             view = StudyView.of(study)  # the traces just kept (if any) are what the forecasts read
-            step = plan(view, space, cfg.strategy, cfg.settings.max_model_len, past_edge=cfg.past_edge)
-            if step.stop:
-                study.set_user_attr(attrs.STOPPED, step.why)
+            # Once the strategy stopped, its stop stands for this run (a resumed study plans again:
+            # autotune.study.opening): the selection rounds' engines refine the records, and a forecast
+            # they moved would otherwise bring a candidate back between rounds and start the selection
+            # over (claim_vs_served.json run 11: three engines more).
+            step = None if view.user_attrs.get(attrs.STOPPED) else \
+                plan(view, space, cfg.strategy, cfg.settings.max_model_len, past_edge=cfg.past_edge)
+            if step is None or step.stop:
+                if step is not None:
+                    study.set_user_attr(attrs.STOPPED, step.why)
                 if _extra(study, view, space, cfg, clock):
                     continue
                 return
