@@ -4,8 +4,10 @@ At GPU scale one engine start (weights, torch.compile, graph capture) takes minu
 bounded by time as well as by ``--candidates``. The rule: a new candidate starts only while the time
 left holds one more trial and the first two holdout rounds of the pick (four fresh engines: the pick
 and the baseline twice, the fewest pairs an interval rests on), each costed at the median wall time
-of the trials measured so far; those always run, so the study ends with a figure, and later work
-(selection rounds, more holdout rounds up to ``--pairs``) runs only while it fits. What was left out
+of the trials measured so far; those always run once the choice is final, so the study ends with a
+figure, and later work (selection rounds, more holdout rounds up to ``--pairs``) runs only while it
+fits; out of time in the middle of the selection, the choice is made on what was measured
+(autotune.study.loop._extra). What was left out
 is said in one line; a holdout cut short leaves the pick with no interval, and best.json says why.
 
 A trial timeout the user did not give is sized from the baseline's own start and replay: at least
@@ -77,8 +79,8 @@ def extra_allowed(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
     the first KEPT_ROUNDS holdout rounds always (their time was kept), other work while a round fits."""
     if clock.budget_s is None or not _remeasured(view):
         return True
-    if 0 < _holdout_rounds(view) < KEPT_ROUNDS:
-        return True
+    if _holdout_rounds(view) < KEPT_ROUNDS and (_holdout_rounds(view) or view.selected() is not None):
+        return True  # the kept holdout rounds, once the choice is final, whatever the selection rounds took
     if any(attrs.role(t) in attrs.OUTSIDE_BUDGET for t in view.waiting):
         return True  # a round already queued is finished
     wall = _typical_wall(view, clock) or 0.0

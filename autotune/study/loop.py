@@ -245,8 +245,20 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
 
 
 def _extra(study: optuna.Study, view: StudyView, space: SearchSpace, cfg: StudyConfig, clock: budget.Clock) -> bool:
-    """Queue work on top of the trials (autotune.study.remeasure.extra_work) while --time-budget allows it."""
-    return budget.extra_allowed(view, cfg, clock) and extra_work(study, view, space, cfg)
+    """Queue work on top of the trials (autotune.study.remeasure.extra_work) while --time-budget allows it.
+    Out of time in the middle of the selection, the choice is recorded on what was measured (no more
+    rounds) so that the holdout's kept rounds still run (autotune.study.budget): the study ends with a figure."""
+    if budget.extra_allowed(view, cfg, clock):
+        return extra_work(study, view, space, cfg)
+    if view.running or view.waiting or view.selected() is not None or not cfg.remeasure:
+        return False
+    import dataclasses
+
+    from autotune.study.select import selection_step
+
+    selection_step(study, view, dataclasses.replace(cfg, remeasure=False))
+    after = StudyView.of(study)
+    return budget.extra_allowed(after, cfg, clock) and extra_work(study, after, space, cfg)
 
 
 def _queued_in_budget(view: StudyView) -> bool:
