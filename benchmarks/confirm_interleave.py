@@ -32,7 +32,7 @@ from autotune.gate import confirm
 from autotune.gate.served_rounds import read_passes
 from autotune.measure.intervals import abba
 from autotune.run import launcher as run_launcher
-from autotune.serve.servers import HOST, client_started, finish_client, free_port, serving
+from autotune.serve.servers import client_started, finish_client, free_port, serving
 from autotune.serve.warmup import warm_up
 from autotune.vllm_cli import PASSES_ENV, pass_name, reset_caches
 
@@ -57,14 +57,15 @@ def main() -> None:
         reset_caches(url, drafter=st.stateful[side])
         for stale in out.glob(f"{tag}.*"):
             stale.unlink()
-        env = {**st.env, PASSES_ENV: json.dumps({"min_s": args.min_pass_s, "max": 8, "drafter": st.stateful[side]})}
+        env = {**st.env, PASSES_ENV: json.dumps({"min_s": args.min_pass_s, "max": confirm.MAX_PASSES,
+                                                 "drafter": st.stateful[side]})}
         log = out / f"{tag}.bench.log"
         t0 = time.monotonic()
         with client_started([*st.client, "--base-url", url, "--save-result", "--result-dir", str(out),
                              "--result-filename", f"{tag}.json", "--label", tag], log_path=log, env=env,
                             start=confirm.starter(True)) as c:
             finish_client(c, log_path=log)
-        files = [out / pass_name(f"{tag}.json", k) for k in range(1, 9)]
+        files = [out / pass_name(f"{tag}.json", k) for k in range(1, confirm.MAX_PASSES + 1)]
         data = read_passes([f for f in files if f.is_file()], expected=len(st.plan.rows))
         rows.append({"pair": pair, "side": side, "phase": phase, "tag": tag,
                      "output_tok_s": round(float(data["output_throughput"]), 2),
@@ -75,13 +76,8 @@ def main() -> None:
     def start(stack: ExitStack, side: str, pair: int) -> str:
         port = free_port()
         fork = side in st.commands
-        argv = ([*st.commands[side], "--host", HOST, "--port", str(port)] if fork
-                else ["bash", str(st.scripts[side]), "--host", HOST, "--port", str(port)])
-        from autotune.run.vllm_ext import QUALNAME
-        if st.stateful[side]:
-            argv[-4:-4] = ["--worker-extension-cls", QUALNAME]
-        srv = stack.enter_context(serving(argv, port=port, log_path=out / f"pair-{pair}-{side}.log",
-                                          env={**st.env, "VLLM_SERVER_DEV_MODE": "1"},
+        argv, env = st.server(side, port, fork=fork)
+        srv = stack.enter_context(serving(argv, port=port, log_path=out / f"pair-{pair}-{side}.log", env=env,
                                           start=confirm.starter(fork)))
         warm_up(srv.base_url, report["best"]["engine_kwargs"]["model"], st.plan.warmup)
         return srv.base_url
@@ -92,8 +88,7 @@ def main() -> None:
             with ExitStack() as outer:
                 urls = {first: start(outer, first, p)}
                 block(first, urls[first], f"p{p}-{first}-alone", "alone", p)
-                inner = ExitStack()
-                with inner:
+                with ExitStack() as inner:
                     urls[second] = start(inner, second, p)
                     for b in range(1, args.blocks // 2 + 1):
                         for side in abba(b, (first, second)):

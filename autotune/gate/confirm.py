@@ -139,6 +139,17 @@ class _Setup:
     def rel(self, q: Path) -> str:
         return str(Path(q).relative_to(self.results_dir))
 
+    def server(self, side: str, port: int, *, fork: bool, hooks: bool = True) -> tuple[list[str], dict[str, str]]:
+        """``side``'s server command on ``port`` (forked from the launcher, or its script run as written)
+        and its environment. Measuring hooks, never part of the served config: the dev endpoints that
+        empty the prefix cache between passes, and (``hooks``) for a stateful proposer the worker
+        method that empties its cache (autotune.run.vllm_ext)."""
+        from autotune.run.vllm_ext import QUALNAME
+
+        ext = ["--worker-extension-cls", QUALNAME] if hooks and self.stateful[side] else []
+        head = [*self.commands[side]] if fork else ["bash", str(self.scripts[side])]
+        return [*head, *ext, "--host", HOST, "--port", str(port)], {**self.env, "VLLM_SERVER_DEV_MODE": "1"}
+
 
 def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, python: str) -> _Setup:
     """Write the dataset and the baseline's serve script; build the client's command."""
@@ -196,11 +207,6 @@ def read_workload(report: dict[str, Any], workload: Any = None) -> Any:
 
 
 def starter(forked: bool) -> Any:
-    """How confirm starts a round's processes (through the launcher when ``forked``), for a benchmark."""
-    return _start(forked)
-
-
-def _start(forked: bool) -> Any:
     """How a round's processes start: through the launcher (which falls back to Popen, saying why,
     for what it cannot fork exactly) or as new processes."""
     from autotune.serve.servers import popen
@@ -219,22 +225,16 @@ def _round(st: _Setup, n: int, side: str, *, ready_timeout_s: float, bench_timeo
            min_pass_s: float, say: Say) -> RoundResult:
     """One new server of ``side``, measured by ``vllm bench serve`` in passes until ``min_pass_s``
     measured seconds (its caches emptied between passes: autotune.vllm_cli), then ended."""
-    from autotune.run.vllm_ext import QUALNAME
-
     tag, out = f"round-{n}-{side}", st.out
     fork = forked and side in st.commands
-    start = _start(fork)
+    start = starter(fork)
     for stale in out.glob(f"{tag}.*"):
         stale.unlink()
     port = free_port()
     base_url = f"http://{HOST}:{port}"
     say(f"confirm round {n} {side}: starting {st.rel(st.scripts[side])} on port {port}"
         + (" (forked from the launcher)" if fork else ""))
-    # Measuring hooks, never part of the served config: the dev endpoints that empty the prefix cache
-    # between passes, and for a stateful proposer the worker method that empties its cache (autotune.run.vllm_ext).
-    hooks = ["--worker-extension-cls", QUALNAME] if st.stateful[side] and min_pass_s > 0 else []
-    server_argv = ([*st.commands[side], *hooks, "--host", HOST, "--port", str(port)] if fork
-                   else ["bash", str(st.scripts[side]), *hooks, "--host", HOST, "--port", str(port)])
+    server_argv, server_env = st.server(side, port, fork=fork, hooks=min_pass_s > 0)
     client_log = out / f"{tag}.bench.log"
     # The client starts with the server and sends its first request once /health answers
     # (autotune.vllm_cli, AUTOTUNE_WAIT_FOR); started fresh, its imports (10-16 s) overlap the server's start,
@@ -243,7 +243,6 @@ def _round(st: _Setup, n: int, side: str, *, ready_timeout_s: float, bench_timeo
             WARMUP_ENV: json.dumps(st.plan.warmup),
             PASSES_ENV: json.dumps({"min_s": min_pass_s, "max": MAX_PASSES if min_pass_s > 0 else 1,
                                     "drafter": st.stateful[side]})}
-    server_env = {**st.env, "VLLM_SERVER_DEV_MODE": "1"}
     with client_started([*st.client, "--base-url", base_url, "--save-result", "--result-dir", str(out),
                          "--result-filename", f"{tag}.json", "--label", tag, "--metadata", f"side={side}",
                          f"round={n}"], log_path=client_log, env={**st.env, **wait}, start=start) as client, \

@@ -28,6 +28,9 @@ from autotune.measure.nearties import FAULT, NEAR, UNSCORED, Threshold, first_fl
 from autotune.measure.numerics import Numerics, top_gap
 
 
+OWN_DECODE = "its own decode with speculation"  # how a fault its own decode's ranks show begins (own_rank_fault)
+
+
 @dataclass(frozen=True)
 class Judged:
     """One differing greedy output, judged position by position from its first difference."""
@@ -41,7 +44,7 @@ class Judged:
 
     def describe(self) -> str:
         if self.fault is not None:
-            why = f": {self.why}" if self.why.startswith("its own decode") else ""
+            why = f": {self.why}" if self.why.startswith(OWN_DECODE) else ""
             return f"request {self.request!r} at token {self.fault[0]} (margin {self.fault[1]:.3g} nats){why}"
         return f"request {self.request!r} at token {self.first} ({self.why})"
 
@@ -63,8 +66,8 @@ def judge_output(rid: str, cand: list[int], ref: list[int], own: dict[str, Any] 
     n = next((i for i, (x, y) in enumerate(zip(cand, ref)) if x != y), min(len(cand), len(ref)))
     if ranked is not None:
         i, m = ranked
-        return Judged(rid, FAULT, n, fault=(i, m), why=f"its own decode with speculation emitted, at token {i}, a "
-                      f"token its target ranked {m:.3g} nats under the top one (an acceptance fault)")
+        return Judged(rid, FAULT, n, fault=(i, m), why=f"{OWN_DECODE} emitted, at token {i}, a token its target "
+                      f"ranked {m:.3g} nats under the top one (an acceptance fault)")
     if n >= min(len(cand), len(ref)):
         longer = "the candidate's" if len(cand) > len(ref) else "the reference's"
         return Judged(rid, FAULT, n, fault=None, why=f"one output ends at token {n} where {longer} goes on, "

@@ -79,7 +79,8 @@ def extra_allowed(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
     the first KEPT_ROUNDS holdout rounds always (their time was kept), other work while a round fits."""
     if clock.budget_s is None or not _remeasured(view):
         return True
-    if _holdout_rounds(view) < KEPT_ROUNDS and (_holdout_rounds(view) or view.selected() is not None):
+    held = _holdout_rounds(view)
+    if held < KEPT_ROUNDS and (held or view.selected() is not None):
         return True  # the kept holdout rounds, once the choice is final, whatever the selection rounds took
     if any(attrs.role(t) in attrs.OUTSIDE_BUDGET for t in view.waiting):
         return True  # a round already queued is finished

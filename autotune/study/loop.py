@@ -30,6 +30,7 @@ from autotune.study.optuna_private import stale_trial_ids, storage_of, trial_id
 from autotune.core.space import SearchSpace
 from autotune.study.trials import SCHEDULE_KEY, counts
 from autotune.study.strategy import ensure_eagle3_trace, needs_trace, plan, trace_draft
+from autotune.study.select import selection_step
 from autotune.study.storage import dead_here, has_heartbeat, worker_id
 from autotune.study.view import StudyView
 from autotune.core.workload import Workload
@@ -252,11 +253,7 @@ def _extra(study: optuna.Study, view: StudyView, space: SearchSpace, cfg: StudyC
         return extra_work(study, view, space, cfg)
     if view.running or view.waiting or view.selected() is not None or not cfg.remeasure:
         return False
-    import dataclasses
-
-    from autotune.study.select import selection_step
-
-    selection_step(study, view, dataclasses.replace(cfg, remeasure=False))
+    selection_step(study, view, cfg, more_rounds=False)
     after = StudyView.of(study)
     return budget.extra_allowed(after, cfg, clock) and extra_work(study, after, space, cfg)
 

@@ -127,10 +127,11 @@ def _decide(view: StudyView, lead: FrozenTrial, runner: FrozenTrial, min_gain: f
             "why": f"ahead of {attrs.label(lead)} on {n} paired round(s), which the first trials had ahead"}
 
 
-def selection_step(study: optuna.Study, view: StudyView, cfg: Any) -> bool:
+def selection_step(study: optuna.Study, view: StudyView, cfg: Any, *, more_rounds: bool = True) -> bool:
     """Queue the next selection round, or end the selection phase by recording the choice
     (``SELECTED``). True when a round was queued; False when the choice is (now) final or there is
-    none. ``study``: for writing only; ``view``: the study as this step read it."""
+    none. ``study``: for writing only; ``view``: the study as this step read it. ``more_rounds``
+    False (out of time): the choice is made on the rounds measured so far."""
     if selected(view) is not None:
         return False
     lead, runner = contenders(view)
@@ -145,7 +146,7 @@ def selection_step(study: optuna.Study, view: StudyView, cfg: Any) -> bool:
     # Once rounds began they go on to their number: a round that moved the records apart decides nothing alone.
     close = runner is not None and (bool(started) or _lossy(lead) or within_band(view, lead, runner))
     want = LOSSY_ROUNDS if runner is not None and _lossy(lead) != _lossy(runner) else SELECTION_ROUNDS
-    if close and cfg.remeasure and len(started) < want and not _failed(rounds):
+    if close and cfg.remeasure and more_rounds and len(started) < want and not _failed(rounds):
         _queue_round(study, view, len(started) + 1, [base, lead, runner])
         return True
     if runner is None:
