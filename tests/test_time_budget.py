@@ -94,7 +94,11 @@ def test_out_of_time_keeps_room_for_one_trial_and_two_holdout_rounds(monkeypatch
     monkeypatch.setattr(budget.time, "monotonic", lambda: 51.0)
     assert budget.out_of_time(study, cfg, clock)
     assert not budget.out_of_time(study, cfg, budget.Clock(None, start=0.0))  # no budget: never
-    assert budget.extra_allowed(study, cfg, clock)  # nothing on top yet: it always runs
+    # before the choice, a first selection round only while it fits with the kept holdout rounds after it
+    assert not budget.extra_allowed(study, cfg, clock)  # 51 + 10 x (2 + 2 x 2) = 111 > 100
+    monkeypatch.setattr(budget.time, "monotonic", lambda: 39.0)
+    assert budget.extra_allowed(study, cfg, clock)  # 39 + 60 = 99 <= 100
+    assert budget.extra_allowed(study, SimpleNamespace(remeasure=False), budget.Clock(60.0, start=0.0))  # no holdout: 39 + 20
     # the first two holdout rounds always run (their time was kept: an interval rests on 2 pairs at least)
     monkeypatch.setattr(budget.time, "monotonic", lambda: 99.0)
     one = _study(_trial(attrs.BASELINE, 10.0), _trial(None, 10.0), _round(attrs.HOLDOUT, "h1.1"))

@@ -5,10 +5,11 @@ bounded by time as well as by ``--candidates``. The rule: a new candidate starts
 left holds one more trial and the first two holdout rounds of the pick (four fresh engines: the pick
 and the baseline twice, the fewest pairs an interval rests on), each costed at the median wall time
 of the trials measured so far; those always run once the choice is final, so the study ends with a
-figure, and later work (selection rounds, more holdout rounds up to ``--pairs``) runs only while it
-fits; out of time in the middle of the selection, the choice is made on what was measured
-(autotune.study.loop._extra). What was left out
-is said in one line; a holdout cut short leaves the pick with no interval, and best.json says why.
+figure. Later work (selection rounds, more holdout rounds up to ``--pairs``) runs only while it
+fits, a selection round before the choice only with the kept rounds' time after it; out of time in
+the middle of the selection, the choice is made on what was measured (autotune.study.loop._extra).
+What was left out is said in one line; a holdout cut short leaves the pick with no interval, and
+best.json says why.
 
 A trial timeout the user did not give is sized from the baseline's own start and replay: at least
 the fixed default, and ``TIMEOUT_FACTOR`` times the baseline's wall time (a candidate may start a
@@ -76,16 +77,20 @@ def out_of_time(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
 
 def extra_allowed(view: StudyView, cfg: StudyConfig, clock: Clock) -> bool:
     """Whether work on top of the trials (a schedule's, selection and holdout rounds) may be queued now:
-    the first KEPT_ROUNDS holdout rounds always (their time was kept), other work while a round fits."""
-    if clock.budget_s is None or not _remeasured(view):
+    the first KEPT_ROUNDS holdout rounds always (their time was kept); before the choice is final, a
+    round only while it fits with the kept rounds after it (the first selection round too: the
+    study's time then holds the pick's figure, give or take the cost estimate); later rounds while one fits."""
+    if clock.budget_s is None:
         return True
     held = _holdout_rounds(view)
-    if held < KEPT_ROUNDS and (held or view.selected() is not None):
+    chosen = view.selected() is not None
+    if held < KEPT_ROUNDS and (held or chosen):
         return True  # the kept holdout rounds, once the choice is final, whatever the selection rounds took
     if any(attrs.role(t) in attrs.OUTSIDE_BUDGET for t in view.waiting):
         return True  # a round already queued is finished
     wall = _typical_wall(view, clock) or 0.0
-    return clock.elapsed() + wall * REMEASURE_ENGINES <= clock.budget_s
+    kept = REMEASURE_ENGINES * KEPT_ROUNDS if cfg.remeasure and not chosen and not held else 0
+    return clock.elapsed() + wall * (REMEASURE_ENGINES + kept) <= clock.budget_s
 
 
 def left_out_line(view: StudyView, cfg: StudyConfig, clock: Clock) -> str:
