@@ -492,14 +492,18 @@ def test_a_lossy_config_is_picked_only_on_a_significant_gain(tmp_path, fake_engi
     report = write_results(study, c.results_dir, settings=c.settings, platform={"platform": "cpu"},
                            objectives=list(c.objectives), storage_url=c.storage_url)
     assert report["best"]["label"] == picked
-    # decided on the selection rounds' paired instances (three: a lossy contender), never on windows
+    # decided on the selection rounds' paired instances, never on windows: three where the lossy config
+    # kept its gain above 1 + lossy_min_gain; one where its first paired round put it at or under that
+    # (the two left could not make it the pick: not run)
     rounds = {x.user_attrs["round"] for x in study.trials if x.user_attrs.get("role") == "re-measure"}
-    assert len(rounds) == 3 and report["selection"]["rounds"] == 3, rounds
+    want = 1 if gain is None else 3
+    assert len(rounds) == want and report["selection"]["rounds"] == want, rounds
     if gain is None:
-        assert report["lossless_first"]["passed_over"] == lossy.number
-        assert report["lossless_first"]["gain_lo"] < 1 + c.lossy_min_gain, report["lossless_first"]
+        assert report["lossless_first"]["passed_over"] == lossy.number, report["lossless_first"]
+        assert "after 1 of 3 rounds its paired gain lay at or under 1 + 3%" in report["selection"]["why"]
     else:
         assert report["lossless_first"] is None
+        assert "not run" not in report["selection"]["why"]
 
 
 @pytest.mark.parametrize("shift", [None, "1.5"])

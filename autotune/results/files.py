@@ -104,10 +104,12 @@ def _lossless_first(choice: Any) -> dict[str, Any] | None:
     if choice is None or choice.passed_over is None:
         return None
     label, (lo, hi) = choice.passed_over.user_attrs[attrs.LABEL], choice.gain
+    gain = (f"[{lo:.3f}, {hi:.3f}]x (95% interval)" if all(isinstance(x, float) and math.isfinite(x) for x in (lo, hi))
+            else "with no interval (one paired round: its point lay at or under the line, see the selection)")
     return {"passed_over": choice.passed_over.number, "label": label, "gain_lo": lo, "gain_hi": hi,
             "min_gain": choice.min_gain,
-            "reason": f"{label} is lossy and its gain over the best lossless config, [{lo:.3f}, {hi:.3f}]x (95% "
-                      f"interval), does not lie above 1 + {choice.min_gain:.0%}: the lossless config is the pick"}
+            "reason": f"{label} is lossy and its gain over the best lossless config, {gain}, does not lie above "
+                      f"1 + {choice.min_gain:.0%}: the lossless config is the pick"}
 
 
 def study_report(view: StudyView, frame: Any, *, settings: Any, platform: dict[str, Any], objectives: list[str],

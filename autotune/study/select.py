@@ -105,6 +105,19 @@ def _comparison(view: StudyView, lead: FrozenTrial, runner: FrozenTrial) -> tupl
     return r, float("nan"), float("nan"), 0
 
 
+def _futile(view: StudyView, lead: FrozenTrial, runner: FrozenTrial, min_gain: float) -> bool:
+    """A lossy contender whose paired gain over the lossless one, after a round or more, lies at or
+    under 1 + min_gain: the rounds left cannot make it the pick (that needs the interval's lower end
+    above 1 + min_gain on LOSSY_ROUNDS pairs, t(2) = 4.3: a mean far above it), so they are not run
+    and the lossless config is the pick. Round 5's demo run 9 spent 6 engines on such rounds."""
+    if _lossy(lead) == _lossy(runner):
+        return False
+    r, _, _, n = _comparison(view, lead, runner)
+    if n < 1 or not math.isfinite(r) or r <= 0:
+        return False
+    return (r if _lossy(lead) else 1 / r) <= 1 + min_gain
+
+
 def _decide(view: StudyView, lead: FrozenTrial, runner: FrozenTrial, min_gain: float) -> dict[str, Any]:
     r, lo, hi, n = _comparison(view, lead, runner)
     evidence = {"ratio": r, "lo": lo, "hi": hi, "pairs": n}
@@ -146,7 +159,8 @@ def selection_step(study: optuna.Study, view: StudyView, cfg: Any, *, more_round
     # Once rounds began they go on to their number: a round that moved the records apart decides nothing alone.
     close = runner is not None and (bool(started) or _lossy(lead) or within_band(view, lead, runner))
     want = LOSSY_ROUNDS if runner is not None and _lossy(lead) != _lossy(runner) else SELECTION_ROUNDS
-    if close and cfg.remeasure and more_rounds and len(started) < want and not _failed(rounds):
+    futile = bool(started) and runner is not None and _futile(view, lead, runner, min_gain)
+    if close and cfg.remeasure and more_rounds and len(started) < want and not _failed(rounds) and not futile:
         _queue_round(study, view, len(started) + 1, [base, lead, runner])
         return True
     if runner is None:
@@ -157,6 +171,9 @@ def selection_step(study: optuna.Study, view: StudyView, cfg: Any, *, more_round
                   "why": f"{gap:.0%} ahead of {attrs.label(runner)}, beyond the selection band ({SELECTION_BAND:.0%})"}
     else:
         choice = _decide(view, lead, runner, min_gain)
+        if futile and len(started) < want:
+            choice["why"] += (f"; after {len(started)} of {want} rounds its paired gain lay at or under 1 + "
+                              f"{min_gain:.0%}, where the rest could not lift its interval above it: not run")
     other, chosen = choice.pop("other"), choice.pop("pick")
     for k in ("ratio", "lo", "hi", "pairs"):
         choice.pop(k, None)
