@@ -14,9 +14,10 @@ speculative config moves with it more than the baseline (log sd 0.149 against 0.
 from the same model after the study, stopped by confirm's own rule (autotune.measure.sequential).
 ``--mode fake``: whole studies on the FAKE engine (tests/fake_engine.py, a worker process per trial,
 AUTOTUNE_FAKE_STATE and AUTOTUNE_FAKE_TRUE), at one ``--phi``. ``--mode gate``: warm-started studies in
-memory whose pick (ngram k=1) is as fast as the deployed config (k=2) or 10% slower, then `autotune
-check` (autotune.gate.check.compare) on the study's report at ``--tolerance``: how often it passes,
-fails and cannot tell, and the pairs the holdout measured.
+memory whose new candidate (ngram k=1) is as fast as the deployed config (k=2) or 10% slower, chosen by
+the study or, for the 10% regression, planted as the pick; then `autotune check`
+(autotune.gate.check.compare) on the study's report at ``--tolerance``: how often it passes, fails and
+cannot tell, and the pairs the gate's rounds measured.
 
 Run: PYTHONPATH=.:tests .venv/bin/python benchmarks/calibration_fake.py [--mode memory] [--studies 1000]
 Writes benchmarks/data/calibration_holdout.json (memory) or calibration_fake_studies.json (fake).
@@ -148,7 +149,10 @@ def fake(args) -> dict:
 
 
 def gate(args) -> dict:
-    """`check` on warm-started studies in memory (the holdout's pick/deployed pairs): pass, fail, cannot tell."""
+    """`check` on warm-started studies in memory (the holdout's pick/deployed pairs): pass, fail, cannot
+    tell. Three settings a persistence: the pick as fast as the deployed config (the study's own
+    choice), 10% slower with the study's own choice (which mostly picks the deployed config back: no
+    change), and 10% slower with the choice PLANTED on it (tests/sim_study.py: the gate alone decides)."""
     import collections
 
     from autotune.gate.check import compare
@@ -159,27 +163,35 @@ def gate(args) -> dict:
            "objectives": ["output_tok_s"]}
     out = {}
     for phi in args.phi:
-        for ratio in (1.0, 0.9):
-            t0, counts, pairs = time.time(), collections.Counter(), []
+        for ratio, plant in ((1.0, None), (0.9, None), (0.9, 1)):
+            t0, counts, pairs, differ = time.time(), collections.Counter(), [], collections.Counter()
             for seed in range(args.studies):
                 truth = Truth({1: 3.0 * ratio, 2: 3.0, 3: 2.0, 4: 1.9, 5: 1.8})
                 view = simulate(seed, Noise(phi=phi), truth=truth, tolerance=args.tolerance,
-                                deployed={"method": "ngram", "num_speculative_tokens": 2})
+                                deployed={"method": "ngram", "num_speculative_tokens": 2}, plant=plant)
                 rep = report_of(view)
                 r = compare(rep, old, tolerance=args.tolerance)
                 same = rep["best"]["label"] == "ngram k=2"  # the pick is the deployed config itself
                 counts[("same config: " if same else "") + r.status] += 1
                 g = ((rep.get("gate") or {}).get("objectives") or {}).get("output_tok_s") or {}
                 if not same:
+                    differ[r.status] += 1
                     pairs.append(g.get("pairs") or 0)
-            n = args.studies
-            out[f"{phi}/{ratio}"] = {"phi": phi, "true_ratio": ratio, "studies": n, "outcomes": dict(counts),
-                                     "pass": sum(v for k, v in counts.items() if k.endswith("ok")) / n,
-                                     "fail": sum(v for k, v in counts.items() if k.endswith("regression")) / n,
-                                     "cannot_tell": sum(v for k, v in counts.items() if k.endswith("cannot tell")) / n,
-                                     "median_pairs": statistics.median(pairs) if pairs else None,
-                                     "wall_s": round(time.time() - t0, 1)}
-            print(f"phi {phi}, true ratio {ratio}: {dict(counts)}", flush=True)
+            n, m = args.studies, sum(differ.values())
+            key = f"{phi}/{ratio}" + ("/planted" if plant else "")
+            out[key] = {"phi": phi, "true_ratio": ratio, "planted": plant is not None, "studies": n,
+                        "outcomes": dict(counts),
+                        "pass": sum(v for k, v in counts.items() if k.endswith("ok")) / n,
+                        "fail": sum(v for k, v in counts.items() if k.endswith("regression")) / n,
+                        "cannot_tell": sum(v for k, v in counts.items() if k.endswith("cannot tell")) / n,
+                        "pick_differs": m,
+                        "pass_where_differs": differ["ok"] / m if m else None,
+                        "fail_where_differs": differ["regression"] / m if m else None,
+                        "median_pairs": statistics.median(pairs) if pairs else None,
+                        "mean_pairs": round(statistics.mean(pairs), 1) if pairs else None,
+                        "wall_s": round(time.time() - t0, 1)}
+            print(f"phi {phi}, true ratio {ratio}{' planted' if plant else ''}: {dict(counts)}; mean pairs "
+                  f"{out[key]['mean_pairs']}", flush=True)
     return out
 
 

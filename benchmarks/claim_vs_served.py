@@ -11,7 +11,7 @@ rounds, resolution and why it stopped, and the walls: the study until its holdou
 `search --confirm` runs before confirm), the holdout, confirm. The summary: the mean
 log(study figure / served) with its 95% t-interval over runs (issue 49: it should contain 0,
 half-width at most 0.05), the same for the claim, how many lie above. Each run's console is kept as
-``demo_round5_run<N>.log`` beside the data file.
+``demo_round5_run<N>.log`` beside the data file (another ``--out``: ``<its stem>_run<N>.log``).
 
 Run: .venv/bin/python benchmarks/claim_vs_served.py --runs 8 [--until EPOCH]
 """
@@ -34,14 +34,14 @@ DEMO = ["search", "examples/json_edit.jsonl", "--space", "quick", "--candidates"
 HOLDOUT_LINE = "holdout round "  # a holdout trial's line names it (printed as the trial ends)
 
 
-def run_once(i: int, log_dir: Path) -> dict:
+def run_once(i: int, log_dir: Path, stem: str = "demo_round5") -> dict:
     out = Path(tempfile.mkdtemp(prefix="claim-"))
     exe = str(ROOT / ".venv/bin/autotune")
     # one lock for both: no other engine between the study and its confirm; the study's figure is
     # saved before confirm replaces it with the served one
     script = (f"{exe} {' '.join(DEMO)} --results {out} && cp {out}/demo/best.json {out}/study_best.json"
               f" && echo 'confirm starts' && {exe} confirm {out}/demo")
-    log = log_dir / f"demo_round5_run{i}.log"
+    log = log_dir / f"{stem}_run{i}.log"
     rc, _, end, lines = harness.run_locked_timed(["bash", "-c", script], log, env={**os.environ, "COLUMNS": "200"})
     t_lock = lines[0][0] if lines else None  # the first line: the study started
     if rc != 0:
@@ -109,7 +109,8 @@ def main() -> None:
             print("stopped: past --until", flush=True)
             break
         i = len(data["rows"]) + 1
-        data["rows"].append(run_once(i, args.out.parent))
+        stem = "demo_round5" if args.out.name == "claim_vs_served.json" else args.out.stem
+        data["rows"].append(run_once(i, args.out.parent, stem))
         print(json.dumps(data["rows"][-1]), flush=True)
         data["summary"] = summary(data["rows"])
         harness.save(args.out, data)

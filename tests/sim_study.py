@@ -81,24 +81,50 @@ def _run_one(seed: int, noise: Noise, truth: Truth) -> Any:
     return run_one
 
 
-@contextmanager
-def in_memory(seed: int, noise: Noise, truth: Truth) -> Iterator[None]:
-    """Within: run_study measures through the noise model, its storage in memory."""
-    from autotune.study import loop, opening
+def _planted(depth: int) -> Any:
+    """autotune.study.select.selection_step's stand-in for a PLANTED choice: once the candidates are
+    measured, the choice is recorded as the config of ngram ``depth`` (no selection rounds), whatever
+    was measured, so that the holdout and the gate run on a pick known to be what the test plants."""
+    from autotune.study.select import selected
 
-    saved = loop.run_one, opening.open_storage
+    def step(study: optuna.Study, view: Any, cfg: Any, *, more_rounds: bool = True) -> bool:
+        if selected(view) is not None:
+            return False
+        hits = [t for t in view.finished if t.state.name == "COMPLETE"
+                and int(attrs.candidate(t).get("num_speculative_tokens") or 0) == depth]
+        if not hits:
+            return False
+        pick = view.first_record(hits[0])
+        study.set_user_attr(attrs.SELECTED, {"trial": pick.number, "label": attrs.label(pick),
+                                             "candidates": len(view.finished), "rounds": 0, "runner_up": None,
+                                             "why": "planted (tests/sim_study.py)"})
+        return False
+
+    return step
+
+
+@contextmanager
+def in_memory(seed: int, noise: Noise, truth: Truth, plant: int | None = None) -> Iterator[None]:
+    """Within: run_study measures through the noise model, its storage in memory (``plant``: the
+    choice is planted on that depth, _planted)."""
+    from autotune.study import loop, opening, remeasure
+
+    saved = loop.run_one, opening.open_storage, loop.selection_step, remeasure.selection_step
     loop.run_one = _run_one(seed, noise, truth)
     opening.open_storage = lambda url: optuna.storages.InMemoryStorage()
+    if plant is not None:
+        loop.selection_step = remeasure.selection_step = _planted(plant)
     try:
         yield
     finally:
-        loop.run_one, opening.open_storage = saved
+        loop.run_one, opening.open_storage, loop.selection_step, remeasure.selection_step = saved
 
 
 def simulate(seed: int, noise: Noise, *, truth: Truth | None = None, pairs: int = 4,
-             deployed: dict[str, Any] | None = None, tolerance: float = 0.05) -> Any:
+             deployed: dict[str, Any] | None = None, tolerance: float = 0.05, plant: int | None = None) -> Any:
     """One study (the baseline, then each of the five depths once, by grid) through autotune's loop;
-    returns its StudyView. ``deployed``: a warm start's config (measured after the baseline)."""
+    returns its StudyView. ``deployed``: a warm start's config (measured after the baseline);
+    ``plant``: the choice planted on that depth (_planted)."""
     from autotune.study.loop import run_study
     from autotune.study.view import StudyView
 
@@ -108,7 +134,7 @@ def simulate(seed: int, noise: Noise, *, truth: Truth | None = None, pairs: int 
                       remeasure=True, pairs=pairs, gate_tolerance=tolerance, engine_module="fake_engine", samples=0,
                       seed=seed)
     space = load_space(str(SPACE), platform="cpu", models=set())
-    with in_memory(seed, noise, truth):
+    with in_memory(seed, noise, truth, plant):
         study = run_study(cfg, load_workload(str(WORKLOAD)), space, deployed=deployed)
     return StudyView.of(study)
 

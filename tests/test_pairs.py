@@ -215,3 +215,31 @@ def test_a_study_that_ends_before_its_holdout_states_no_interval(tmp_path, fake_
     line = headline(report)
     assert line.startswith("best: trial") and "no figure" in line and "[" not in line.split("(")[0], line
     assert report["resolution"] is None
+
+
+@pytest.mark.parametrize("sd", [0.05, 0.15])
+def test_the_gates_sequential_test_passes_no_change_and_fails_a_regression_of_twice_the_tolerance(sd):
+    """autotune.measure.pairs.gate_decision as the holdout runs it: a round at a time until it decides,
+    the point at GATE_MAX_ROUNDS. Independent pairs at a log sd of 0.05 (quiet) and 0.15 (pairs one
+    engine apart on this project's noise model, tests/machine_noise.py at persistence 0.5): a pick as
+    fast as the deployed config passes in at least 95% of 1,000 gates, one 10% slower (twice the 5%
+    tolerance) fails in at least 90%. The interval rule before it said "cannot tell" on most at 0.15.
+    (At 0.21, persistence 0, the cap of 40 pairs bounds both near 93%: calibration_gate.json.)"""
+    from autotune.measure.pairs import OK, REGRESSED, gate_decision
+    from autotune.study.holdout import GATE_MAX_ROUNDS
+
+    rng = np.random.default_rng(7)
+
+    def gate(ratio):
+        pairs = []
+        while True:
+            pairs.append((ratio * math.exp(rng.normal(0, sd)), 1.0))
+            d = gate_decision(pairs, 0.05, final=len(pairs) >= GATE_MAX_ROUNDS)
+            if d != "cannot tell":
+                return d, len(pairs)
+
+    same = [gate(1.0) for _ in range(1000)]
+    slower = [gate(0.9) for _ in range(1000)]
+    assert sum(d == OK for d, _ in same) >= 950
+    assert sum(d == REGRESSED for d, _ in slower) >= 900
+    assert np.mean([n for _, n in same + slower]) < (8 if sd < 0.1 else 20)  # it stops when it can tell

@@ -167,8 +167,9 @@ def check(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of Markdown.")] = False,
 ) -> None:
     """Exit 1 if the new pick is worse than the deployed one beyond the tolerance, or incorrect; exit 4
-    if it cannot tell (an interval across the tolerance line: measure more rounds); exit 2 if it compared
-    nothing (no objective measured on both sides: each side's objectives are named).
+    if it cannot tell (the study's gate rounds were cut short, or, across two runs, an interval across
+    the tolerance line: measure more rounds); exit 2 if it compared nothing (no objective measured on
+    both sides: each side's objectives are named).
 
     The Markdown summary is also appended to $GITHUB_STEP_SUMMARY when that is set.
     """

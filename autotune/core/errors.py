@@ -8,7 +8,7 @@ OK = 0
 FAILED = 1  # check: a regression; search/confirm: no result (the baseline failed, nothing feasible)
 BAD_INPUT = 2
 INTERNAL = 3  # an exception no module meant for the user: a bug
-UNDECIDED = 4  # check: the interval straddles the tolerance band; more pairs are needed to tell
+UNDECIDED = 4  # check: the pairs measured do not decide at the tolerance yet; more are needed to tell
 DRIFT = 5  # watch: live traffic has left what the study measured for the deployed config
 UNREACHABLE = 6  # watch: the server could not be reached for --retry-s seconds (an outage, not bad input)
 IDLE = 7  # watch: the window saw no traffic: nothing was judged (a gate pointed at the wrong server must not pass)
@@ -19,7 +19,8 @@ EXIT_CODES = {
             "confirm: a server or the client failed)",
     BAD_INPUT: "bad input (workload, space, flags, results): one line naming the file, line or key",
     INTERNAL: "an internal error (a bug): one line saying where, --verbose for the traceback",
-    UNDECIDED: "cannot tell (check): the new/deployed interval straddles the tolerance; rerun with more rounds",
+    UNDECIDED: "cannot tell (check): the pairs measured do not decide at the tolerance (gate rounds cut short, or "
+               "two runs' interval across the line); rerun with more rounds",
     DRIFT: "drift (watch): live acceptance or load left the study's interval for the deployed config; also a busy "
            "window with no drafts, or a metric without a band to judge it (never ok on nothing)",
     UNREACHABLE: "unreachable (watch): the server's /metrics did not answer for --retry-s seconds",

@@ -4,8 +4,10 @@ Absolute tok/s moves by tens of percent between two runs on a shared machine, wh
 side by side in one run hold to a few percent. So the gate compares what one run measured:
 - the new study re-measured the deployed config (``search --warm-start``): the new pick against it in
   the holdout rounds both ran in (best.json's ``gate``: side by side, after the choice), objective by
-  objective, a t-interval over those paired rounds; the study adds rounds until it can decide at its
-  tolerance, and where it still cannot, the line says about how many pairs would (results from before
+  objective, by the gate's sequential test over those pairs (autotune.measure.pairs.sequential_decision:
+  a pick as fast as the deployed config passes, one twice the tolerance slower fails, the line
+  1 - tolerance midway); the study adds rounds until the test decides, up to a cap where the point
+  decides, and a run cut short cannot tell and says about how many pairs would (results from before
   round 5: the bootstrap over windows, with a note that the unit is too narrow);
 - otherwise (the weaker mode): each pick's figure over its own run's baseline, their intervals combined
   in quadrature, and the summary says that the comparison spans two runs; a run checked against
@@ -13,10 +15,10 @@ side by side in one run hold to a few percent. So the gate compares what one run
 The deployed config's drift (its speedup then and now) is reported beside, never judged on the old
 run's absolute numbers.
 
-Each objective is decided on its interval, not its point ratio (``decide``): a regression only when
-the whole interval lies below 1 - tolerance, no regression when it lies wholly at or above, and
-"cannot tell" when it straddles the line (its own exit code: more rounds or pairs are needed, and a
-nightly job should neither deploy nor page on it). Reads two saved StudyReports (best.json); needs
+Outside the same-run pairs, each objective is decided on its interval, not its point ratio
+(``decide``): a regression only when the whole interval lies below 1 - tolerance, no regression when
+it lies wholly at or above, and "cannot tell" when it straddles the line (its own exit code: more
+rounds or pairs are needed, and a nightly job should neither deploy nor page on it). Reads two saved StudyReports (best.json); needs
 neither Optuna nor vLLM.
 """
 
@@ -29,7 +31,9 @@ from typing import Any
 from autotune.core.errors import BadInput
 from autotune.measure.metrics import ratio_interval
 from autotune.measure.objectives import direction, windows_key
-from autotune.measure.pairs import OK, REGRESSED, UNDECIDED, decide, quotient_interval
+from autotune.measure.intervals import t_quantile
+from autotune.measure.pairs import (OK, REGRESSED, UNDECIDED, decide, pairs_needed, quotient_interval,
+                                     sequential_decision)
 from autotune.serve.served import compare_served
 
 SAME_RUN = "same run"
@@ -139,13 +143,19 @@ def _nan_none(x: float) -> float | None:
 
 def _paired(name: str, dirn: str, gate: dict[str, Any], tol: float) -> ObjectiveChange | None:
     """The pick against the deployed config over the holdout rounds both ran in (best.json's ``gate``):
-    the unit the study's figure has, measured side by side; decided here at ``tol``."""
+    the unit the study's figure has, measured side by side; decided here at ``tol`` by the gate's
+    sequential test (autotune.measure.pairs.sequential_decision) on the pairs' log mean and spread
+    (from results that lack them, the spread is read back from the 95% t-interval)."""
     g = (gate.get("objectives") or {}).get(name)
     if not g or g.get("ratio") is None:
         return None
     lo, hi, n = g.get("lo"), g.get("hi"), int(g.get("pairs") or 0)
-    decision = decide(g["ratio"], lo, hi, tol) if n >= 2 and lo is not None else UNDECIDED
-    needed = g.get("pairs_needed") if decision == UNDECIDED else None
+    mean, sd = g.get("log_mean"), g.get("log_sd")
+    if not _finite(mean, sd) and n >= 2 and _finite(lo, hi) and 0 < lo <= hi:
+        mean, sd = math.log(g["ratio"]), 0.5 * math.log(hi / lo) * math.sqrt(n) / t_quantile(n - 1)
+    decision = (sequential_decision(mean, sd, n, tol, final=bool(g.get("final"))) if _finite(mean, sd)
+                else UNDECIDED)
+    needed = pairs_needed(sd, tol) if decision == UNDECIDED and _finite(sd) else None
     return ObjectiveChange(name, dirn, 1.0, g["ratio"], g["ratio"], lo, hi, decision, pairs=n, pairs_needed=needed)
 
 

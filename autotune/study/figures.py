@@ -17,8 +17,8 @@ from optuna.trial import FrozenTrial
 from autotune.core import attrs
 from autotune.measure.intervals import UNIT_HOLDOUT, resolution
 from autotune.measure.objectives import direction
-from autotune.measure.pairs import decide, figure, holdout_interval, rounds_needed
-from autotune.study.holdout import deployed_beside, rounds_done, view_pairs
+from autotune.measure.pairs import figure, gate_decision, holdout_interval, log_stats, pairs_needed
+from autotune.study.holdout import GATE_MAX_ROUNDS, deployed_beside, rounds_done, view_pairs
 from autotune.study.view import StudyView
 
 MEASURED, PENDING, NOT_MEASURED = "measured", "pending", "not measured"
@@ -76,8 +76,9 @@ def _earlier(view: StudyView, pick: FrozenTrial, base: FrozenTrial) -> list[floa
 
 def gate_pairs(view: StudyView, pick: FrozenTrial | None, tolerance: float) -> dict[str, Any] | None:
     """The pick against the deployed config over the holdout rounds both ran in, per objective (> 1: the
-    pick is better), with the decision at ``tolerance`` and about how many pairs it needs when it
-    cannot tell; None without a deployed config measured beside the pick."""
+    pick is better), with the sequential decision at ``tolerance`` (autotune.measure.pairs.gate_decision;
+    ``final``: the gate's rounds reached their cap, so the point decided what the test had not) and,
+    where it cannot tell, about how many pairs would; None without a deployed config measured beside the pick."""
     if pick is None:
         return None
     deployed = deployed_beside(view, pick)
@@ -85,6 +86,7 @@ def gate_pairs(view: StudyView, pick: FrozenTrial | None, tolerance: float) -> d
         return None
     out: dict[str, Any] = {"deployed_trial": deployed.number, "deployed_label": attrs.label(deployed),
                            "tolerance": tolerance, "objectives": {}}
+    final = len(rounds_done(view, pick)) >= GATE_MAX_ROUNDS
     for name in view.user_attrs.get(attrs.OBJECTIVES) or ["output_tok_s"]:
         dirn = direction(name)
         if dirn is None:
@@ -92,9 +94,10 @@ def gate_pairs(view: StudyView, pick: FrozenTrial | None, tolerance: float) -> d
         pairs = view_pairs(view, pick, deployed, name)
         oriented = pairs if dirn == "maximize" else [(b, a) for a, b in pairs]
         r, lo, hi, n = figure(oriented)
-        decision = decide(r, lo, hi, tolerance) if n >= 2 else "cannot tell"
+        mean, sd, _ = log_stats(oriented)
+        decision = gate_decision(oriented, tolerance, final=final)
         out["objectives"][name] = {"direction": dirn, "ratio": _num(r), "lo": _num(lo), "hi": _num(hi), "pairs": n,
-                                   "decision": decision,
-                                   "pairs_needed": rounds_needed(oriented, tolerance) if decision == "cannot tell"
+                                   "log_mean": _num(mean), "log_sd": _num(sd), "final": final, "decision": decision,
+                                   "pairs_needed": pairs_needed(sd, tolerance) if decision == "cannot tell"
                                    else None}
     return out
