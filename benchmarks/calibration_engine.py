@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = harness.ROOT
-LOCK = "/tmp/autotune-engine.lock"
+LOCK = harness.ENGINE_LOCK
 
 
 def row(folder: Path, wall_s: float | None) -> dict:
