@@ -98,8 +98,10 @@ def own_rank_fault(decoded: dict[str, Any] | None) -> tuple[int, float] | None:
     vLLM computes a speculative step's log-probs from the target's raw logits of that verification
     pass, apart from the acceptance that picks the tokens (vllm/v1/sample/rejection_sampler.py,
     ``_get_logprobs_tensors`` on ``raw_target_logits``), and greedy acceptance keeps a draft only where
-    it is the argmax of those logits. So a lossless engine emits rank-1 tokens at every position by
-    construction (ties count as top), whatever its numerics, and a token below the top is its
+    it is the argmax of those logits; Model Runner V2 likewise (vllm/v1/worker/gpu/spec_decode/
+    rejection_sampler.py, raw logits unless a processed logprobs_mode is set). So a lossless engine
+    emits top tokens at every position by construction (a tie is a margin of 0: vLLM's own rank on
+    MRV2 counts ties against the token, so the margin is read from the values), whatever its numerics, and a token below the top is its
     acceptance passing a draft the target did not choose, at any margin: the near-tie band's blind
     spot. Requests whose logits a processor changes (penalties, biases, grammars, min_tokens) are not
     decoded for it (autotune.run.replay.plain_greedy)."""
