@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 from autotune.measure.intervals import LEVEL, paired_t, t_quantile
 
@@ -108,8 +109,6 @@ def gate_decision(pairs: Sequence[tuple[float, float]], tolerance: float, *, fin
 def pairs_needed(sd: float, tolerance: float) -> int | None:
     """About how many pairs the gate's test needs at a spread ``sd`` of log ratios: the fixed-sample
     size with its error rates (the sequential test stops sooner on average); None without a spread."""
-    from statistics import NormalDist
-
     if not math.isfinite(sd) or tolerance <= 0:
         return None
     z = NormalDist().inv_cdf

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial
 from autotune.core import attrs
 from autotune.measure.intervals import UNIT_HOLDOUT, resolution
 from autotune.measure.objectives import direction
-from autotune.measure.pairs import figure, gate_decision, holdout_interval, log_stats, pairs_needed
+from autotune.measure.pairs import figure, holdout_interval, log_stats, pairs_needed, sequential_decision
 from autotune.study.holdout import GATE_MAX_ROUNDS, deployed_beside, rounds_done, view_pairs
 from autotune.study.view import StudyView
 
@@ -94,8 +94,8 @@ def gate_pairs(view: StudyView, pick: FrozenTrial | None, tolerance: float) -> d
         pairs = view_pairs(view, pick, deployed, name)
         oriented = pairs if dirn == "maximize" else [(b, a) for a, b in pairs]
         r, lo, hi, n = figure(oriented)
-        mean, sd, _ = log_stats(oriented)
-        decision = gate_decision(oriented, tolerance, final=final)
+        mean, sd, m = log_stats(oriented)
+        decision = sequential_decision(mean, sd, m, tolerance, final=final)  # gate_decision, on the stats at hand
         out["objectives"][name] = {"direction": dirn, "ratio": _num(r), "lo": _num(lo), "hi": _num(hi), "pairs": n,
                                    "log_mean": _num(mean), "log_sd": _num(sd), "final": final, "decision": decision,
                                    "pairs_needed": pairs_needed(sd, tolerance) if decision == "cannot tell"
