@@ -67,8 +67,9 @@ def confirm(
     resolution: Annotated[str, typer.Option(help="Served rounds come two at a time (ABBA, a new server "
                                               "instance each) until the served speedup's 95% interval is this "
                                               "narrow (its relative half-width), at least 4 rounds.")] = "10%",
-    max_minutes: Annotated[float, typer.Option(min=0.5, help="Stop adding rounds before this many minutes "
-                                                             "(the line says the resolution reached).")] = 3.0,
+    max_minutes: Annotated[float, typer.Option(min=0.5, help="Add no two rounds that would end past this "
+                                                             "many minutes of confirm, its start included (the "
+                                                             "line says the resolution reached).")] = 3.0,
     rounds: Annotated[Optional[int], typer.Option(min=1, help="Exactly this many rounds a side instead "
                                                               "(no --resolution target).")] = None,
     min_pass_s: Annotated[float, typer.Option(min=0, help="Measured seconds per server at least: the workload "

@@ -296,6 +296,7 @@ def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: f
 
     if rounds is not None and rounds < 1:
         raise BadInput(f"--rounds: expected at least 1, got {rounds}")
+    t0 = time.monotonic()  # --max-minutes counts the whole step: setup and launcher too
     rule = Sequential(target=resolution, max_rounds=max_rounds, max_s=max_s, rounds=rounds)
     say = say or (lambda _line: None)
     p = Path(results_dir)
@@ -314,14 +315,14 @@ def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: f
     try:
         with run_launcher.active(launcher, python=python):
             forked = launcher and bool(os.environ.get(run_launcher.ENV_KEY))  # else it did not start (said)
-            t0, n = time.monotonic(), 0
+            first, n = time.monotonic() - t0, 0  # seconds before the first round
             while stopped is None:
                 n += 1
                 for side in abba(n, SIDES):  # ABBA: a drift over the run weighs on both sides alike
                     done.append(_round(st, n, side, ready_timeout_s=ready_timeout_s, bench_timeout_s=bench_timeout_s,
                                        forked=forked, min_pass_s=min_pass_s, say=say))
                 tps = {s: [r.output_tok_s for r in sorted(done, key=lambda r: r.round) if r.side == s] for s in SIDES}
-                stopped = rule.stop(tps["pick"], tps["baseline"], time.monotonic() - t0)
+                stopped = rule.stop(tps["pick"], tps["baseline"], time.monotonic() - t0, first)
     except ServeFailed as e:
         write_failure(st.out, e)
         _record(results_dir, {"failure": str(e), "rounds_done": [asdict(r) for r in done],

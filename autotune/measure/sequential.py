@@ -3,7 +3,8 @@
 Rounds come two at a time (the ABBA order of autotune.measure.intervals.abba is balanced on an even
 number), at least ``min_rounds``; after each even round the paired t-interval's resolution (its
 relative half-width, autotune.measure.intervals.resolution) is read, and the rounds stop once it is
-``target`` or better, at ``max_rounds``, or when two more rounds would pass ``max_s``. Stopping on a
+``target`` or better, at ``max_rounds``, or when two more rounds would pass ``max_s`` counted from the
+step's own start (its setup and launcher too: "3 minutes of confirm" is the step's, not its rounds'). Stopping on a
 narrow interval favours intervals that are narrow by chance: a 95% t-interval read where this rule
 stopped covered 91.5% of 600 simulated confirms at independent rounds, so the served interval is the
 t-interval at ``LEVEL`` (97.5%), which covers 94.5% under the rule (benchmarks/calibration_fake.py,
@@ -39,9 +40,10 @@ class Sequential:
         """The served interval's t level: 95% for a fixed number of rounds, LEVEL where this rule stopped."""
         return 0.95 if self.rounds is not None else LEVEL
 
-    def stop(self, pick: Sequence[float], base: Sequence[float], elapsed_s: float) -> str | None:
+    def stop(self, pick: Sequence[float], base: Sequence[float], elapsed_s: float, start_s: float = 0.0) -> str | None:
         """Why to stop after the rounds so far (pick and baseline tok/s, round by round), or None to
-        measure two more. ``elapsed_s``: the seconds the rounds took so far."""
+        measure two more. ``elapsed_s``: the seconds since the step started; ``start_s``: of those, the
+        seconds before its first round (setup, launcher), which two more rounds do not repeat."""
         n = min(len(pick), len(base))
         if self.rounds is not None:
             return f"the {self.rounds} round(s) asked for (--rounds)" if n >= self.rounds else None
@@ -54,7 +56,7 @@ class Sequential:
         said = f"+-{res:.0%}" if res is not None else "none"
         if n >= self.max_rounds:
             return f"the cap of {self.max_rounds} rounds, resolution {said} (target +-{self.target:.0%})"
-        if self.max_s is not None and elapsed_s * (n + 2) / n > self.max_s:
+        if self.max_s is not None and elapsed_s + 2 * max(0.0, elapsed_s - start_s) / n > self.max_s:
             return (f"two more rounds would pass {self.max_s:g} s, resolution {said} (target +-{self.target:.0%}; "
                     "--max-minutes for more)")
         return None
