@@ -10,8 +10,9 @@ speculative config moves with it more than the baseline (log sd 0.149 against 0.
 0.90: benchmarks/data/instance_noise.json), a slow drift, windows 4% apart.
 
 ``--mode memory`` (default): the study's loop in memory, each instance's windows drawn from the model
-(tests/sim_study.py); also confirm's served rounds as the holdout (``--confirm`` path): rounds drawn
-from the same model after the study, stopped by confirm's own rule (autotune.measure.sequential).
+(tests/sim_study.py); also the ``--confirm`` path: the same seed's study with no holdout, then confirm's
+served rounds (the holdout) drawn from the same model right after it, stopped by confirm's own rule
+(autotune.measure.sequential) and widened by its own rule.
 ``--mode fake``: whole studies on the FAKE engine (tests/fake_engine.py, a worker process per trial,
 AUTOTUNE_FAKE_STATE and AUTOTUNE_FAKE_TRUE), at one ``--phi``. ``--mode gate``: warm-started studies in
 memory whose new candidate (ngram k=1) is as fast as the deployed config (k=2) or 10% slower, chosen by
@@ -51,23 +52,36 @@ def _figure(view) -> tuple[dict, float, str]:
     return pick_figure(view, pick, chosen=True), truth.of(pick.user_attrs["candidate"]), pick.user_attrs["label"]
 
 
-def _served(seed: int, noise: Noise, true: float) -> dict:
-    """Confirm's served rounds after a study, drawn from the same model (the machine's state goes on
-    from where the study left it), stopped by confirm's own rule; the figure as confirm computes it."""
-    from autotune.measure.intervals import abba, paired_t
+def _served(seed: int, noise: Noise) -> dict:
+    """What `search --confirm` does: a study with no holdout (``pairs=0``), then confirm's served rounds
+    right after its last engine, drawn from the same model (the machine's state goes on from there),
+    stopped by confirm's own rule on the interval it reports: the served rounds widened by the study's
+    selection rounds of the pick (autotune.measure.pairs.holdout_interval, the list read from the
+    study's best.json figure as confirm reads it)."""
+    from autotune.gate.served_rounds import selection_log_ratios
+    from autotune.measure.intervals import abba, resolution
+    from autotune.measure.pairs import holdout_interval
     from autotune.measure.sequential import Sequential
+    from autotune.study.holdout import the_pick
+    from sim_study import Truth, report_of, simulate
 
+    view = simulate(seed, noise, pairs=0)
+    pick = the_pick(view)
+    true = Truth.drawn(seed).of(pick.user_attrs["candidate"])
+    earlier = selection_log_ratios(report_of(view))
     rng, rule = random.Random(f"served/{seed}"), Sequential(max_s=None)
-    slot, pick, base, stopped = 64, [], [], None  # slots past the study's own instances
+    slot, tps, stopped = len(view.trials), {"pick": [], "baseline": []}, None  # the slots after the study's
     while stopped is None:
-        for side in abba(len(pick) + 1, ("baseline", "pick")):
+        for side in abba(len(tps["pick"]) + 1, ("baseline", "pick")):
             spec = side == "pick"
             level = (true if spec else 1.0) * math.exp(noise.log_factor(seed, slot, spec, rng))
-            (pick if spec else base).append(level * math.exp(rng.gauss(0, noise.window_sd / 2)))
+            tps[side].append(level * math.exp(rng.gauss(0, noise.window_sd / 2)))
             slot += 1
-        stopped = rule.stop(pick, base, 0.0)
-    r, lo, hi, n = paired_t(pick, base, level=rule.level)
-    return {"speedup": r, "lo": lo, "hi": hi, "rounds": n}
+        stopped = rule.stop(tps["pick"], tps["baseline"], 0.0, earlier=earlier)
+    r, lo, hi, n = holdout_interval(list(zip(tps["pick"], tps["baseline"])), earlier, level=rule.level)
+    return {"pick": pick.user_attrs["label"], "true": true, "speedup": r, "lo": lo, "hi": hi, "rounds": n,
+            "resolution": resolution(lo, hi), "selection_rounds": len(earlier),
+            "covered": lo <= true <= hi}
 
 
 def memory(args) -> dict:
@@ -79,11 +93,11 @@ def memory(args) -> dict:
         for seed in range(args.studies):
             view = simulate(seed, noise, pairs=args.pairs)
             f, true, label = _figure(view)
-            sv = _served(seed, noise, true)
+            sv = _served(seed, noise)
             rows.append({"seed": seed, "pick": label, "true": true, "speedup": f["speedup"], "lo": f["lo"],
                          "hi": f["hi"], "pairs": f["pairs"], "selection_rounds": (view.selected() or {}).get("rounds"),
                          "covered": f["lo"] is not None and f["lo"] <= true <= f["hi"],
-                         "served": sv, "served_covered": sv["lo"] <= true <= sv["hi"]})
+                         "served": sv, "served_covered": sv["covered"]})
         out[str(phi)] = _summary(rows, time.time() - t0)
         s = out[str(phi)]
         print(f"phi {phi}: holdout coverage {s['coverage']:.3f}, median figure/true {s['median_figure_over_true']:.3f}; "
@@ -102,7 +116,8 @@ def _summary(rows: list[dict], wall: float) -> dict:
             "picked_true_best": sum(abs(r["true"] - 3.0) < 1e-9 for r in rows) / len(rows),
             "served_coverage": sum(r["served_covered"] for r in rows) / len(rows),
             "served_median_rounds": statistics.median(r["served"]["rounds"] for r in rows),
-            "served_median_over_true": statistics.median(r["served"]["speedup"] / r["true"] for r in rows),
+            "served_median_over_true": statistics.median(r["served"]["speedup"] / r["served"]["true"] for r in rows),
+            "served_median_resolution": statistics.median(r["served"]["resolution"] for r in rows),
             "wall_s": round(wall, 1), "rows": rows}
 
 
