@@ -12,7 +12,7 @@ speculative config moves with it more than the baseline (log sd 0.149 against 0.
 ``--mode memory`` (default): the study's loop in memory, each instance's windows drawn from the model
 (tests/sim_study.py); also the ``--confirm`` path: the same seed's study with no holdout, then confirm's
 served rounds (the holdout) drawn from the same model right after it, stopped by confirm's own rule
-(autotune.measure.sequential) and widened by its own rule.
+(autotune.measure.sequential).
 ``--mode fake``: whole studies on the FAKE engine (tests/fake_engine.py, a worker process per trial,
 AUTOTUNE_FAKE_STATE and AUTOTUNE_FAKE_TRUE), at one ``--phi``. ``--mode gate``: warm-started studies in
 memory whose new candidate (ngram k=1) is as fast as the deployed config (k=2) or 10% slower, chosen by
@@ -55,20 +55,16 @@ def _figure(view) -> tuple[dict, float, str]:
 def _served(seed: int, noise: Noise) -> dict:
     """What `search --confirm` does: a study with no holdout (``pairs=0``), then confirm's served rounds
     right after its last engine, drawn from the same model (the machine's state goes on from there),
-    stopped by confirm's own rule on the interval it reports: the served rounds widened by the study's
-    selection rounds of the pick (autotune.measure.pairs.holdout_interval, the list read from the
-    study's best.json figure as confirm reads it)."""
-    from autotune.gate.served_rounds import selection_log_ratios
-    from autotune.measure.intervals import abba, resolution
-    from autotune.measure.pairs import holdout_interval
+    stopped by confirm's own rule; the figure as confirm computes it (a paired t-interval over the
+    rounds at the rule's level)."""
+    from autotune.measure.intervals import abba, paired_t, resolution
     from autotune.measure.sequential import Sequential
     from autotune.study.holdout import the_pick
-    from sim_study import Truth, report_of, simulate
+    from sim_study import Truth, simulate
 
     view = simulate(seed, noise, pairs=0)
     pick = the_pick(view)
     true = Truth.drawn(seed).of(pick.user_attrs["candidate"])
-    earlier = selection_log_ratios(report_of(view))
     rng, rule = random.Random(f"served/{seed}"), Sequential(max_s=None)
     slot, tps, stopped = len(view.trials), {"pick": [], "baseline": []}, None  # the slots after the study's
     while stopped is None:
@@ -77,11 +73,10 @@ def _served(seed: int, noise: Noise) -> dict:
             level = (true if spec else 1.0) * math.exp(noise.log_factor(seed, slot, spec, rng))
             tps[side].append(level * math.exp(rng.gauss(0, noise.window_sd / 2)))
             slot += 1
-        stopped = rule.stop(tps["pick"], tps["baseline"], 0.0, earlier=earlier)
-    r, lo, hi, n = holdout_interval(list(zip(tps["pick"], tps["baseline"])), earlier, level=rule.level)
+        stopped = rule.stop(tps["pick"], tps["baseline"], 0.0)
+    r, lo, hi, n = paired_t(tps["pick"], tps["baseline"], level=rule.level)
     return {"pick": pick.user_attrs["label"], "true": true, "speedup": r, "lo": lo, "hi": hi, "rounds": n,
-            "resolution": resolution(lo, hi), "selection_rounds": len(earlier),
-            "covered": lo <= true <= hi}
+            "resolution": resolution(lo, hi), "covered": lo <= true <= hi}
 
 
 def memory(args) -> dict:

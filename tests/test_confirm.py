@@ -9,7 +9,6 @@ marked ``engine``, confirms a short real study's pick with the real vLLM CPU eng
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import textwrap
@@ -306,26 +305,6 @@ def test_served_interval_is_a_t_interval_over_paired_rounds():
 
 
 # --------------------------------------------------------------------------------------------- the step (fake)
-
-
-def test_the_served_interval_widens_by_the_studys_selection_rounds_and_keeps_them_for_a_confirm_again(tmp_path, fake):
-    """The served rounds are the holdout (``search --confirm``): their interval widens by how far they lie
-    from the pick's selection rounds, which best.json's figure keeps (autotune.study.figures), as the
-    study's holdout figure does; the served figure keeps them too, so a second confirm widens alike."""
-    d = write_results(tmp_path / "study")
-    rep = json.loads((d / "best.json").read_text())
-    far = [math.log(1.9), math.log(2.1)]  # the selection rounds read about 2x; the fake serves 1.5x
-    rep |= {"schema_version": 4, "figure": {"source": None, "status": "pending", "selection_log_ratios": far}}
-    (d / "best.json").write_text(json.dumps(rep))
-    served = c.confirm(d, rounds=2, warmups=1, python=fake.python, launcher=False)
-    assert served["speedup"] == pytest.approx(1.5)  # the figure is the served rounds' alone
-    assert served["speedup_lo"] < 1.4 and served["speedup_hi"] > 1.6  # alone they would read [1.5-1.5]
-    assert served["selection_log_ratios"] == pytest.approx(far)
-    fig = load_report(d)["figure"]
-    assert fig["source"] == "served" and fig["lo"] == served["speedup_lo"]
-    assert fig["selection_log_ratios"] == pytest.approx(far)
-    again = c.confirm(d, rounds=2, warmups=1, python=fake.python, launcher=False)
-    assert again["speedup_lo"] == pytest.approx(served["speedup_lo"])
 
 
 def test_confirm_alternates_fresh_servers_and_writes_both_numbers(tmp_path, fake):

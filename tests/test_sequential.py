@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from autotune.measure.sequential import Sequential
 
 
@@ -37,17 +35,3 @@ def test_the_rounds_stop_at_the_target_resolution_and_at_the_cap_never_on_an_odd
     assert rule.stop(wide, base, 0.0).startswith("the cap of 12 rounds")
     assert Sequential(rounds=3).stop(wide[:3], base[:3], 0.0) == "the 3 round(s) asked for (--rounds)"
 
-
-def test_the_rounds_stop_on_the_interval_the_figure_reports_widened_by_the_selection_rounds():
-    """The served rounds are the holdout: their interval widens by how far they lie from the study's
-    selection rounds of the pick (autotune.measure.pairs.holdout_interval), and the rule reads that one."""
-    from autotune.measure.pairs import holdout_interval
-
-    rule = Sequential(target=0.10, max_s=None)
-    pick, base = _rounds(4, 0.01)  # four rounds within 1% of 3x: +-10% reached on their own
-    assert "reached" in rule.stop(pick, base, 0.0)
-    assert "reached" in rule.stop(pick, base, 0.0, earlier=[math.log(3.0), math.log(3.03)])  # selection agrees
-    far = [math.log(2.2), math.log(2.3)]  # the selection rounds minutes before read 2.2-2.3x
-    assert rule.stop(pick, base, 0.0, earlier=far) is None
-    r, lo, hi, n = holdout_interval(list(zip(pick, base)), far, level=rule.level)
-    assert n == 4 and r == pytest.approx(3.0, rel=1e-3) and hi / lo > 1.3  # wide: the move is in it

@@ -48,7 +48,7 @@ from typing import Any
 
 from autotune.core.errors import BadInput
 from autotune.gate.served_rounds import (CONFIRM_DIR, SECTION, SIDES, RoundResult, read_passes, served_figure,
-                                        selection_log_ratios, served_numbers,
+                                        served_numbers,
                                         update_markdown, write_failure)
 from autotune.measure.intervals import abba
 from autotune.measure.sequential import MAX_ROUNDS, MAX_S, TARGET, Sequential
@@ -322,8 +322,7 @@ def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: f
                     done.append(_round(st, n, side, ready_timeout_s=ready_timeout_s, bench_timeout_s=bench_timeout_s,
                                        forked=forked, min_pass_s=min_pass_s, say=say))
                 tps = {s: [r.output_tok_s for r in sorted(done, key=lambda r: r.round) if r.side == s] for s in SIDES}
-                stopped = rule.stop(tps["pick"], tps["baseline"], time.monotonic() - t0, first,
-                                    earlier=selection_log_ratios(report))
+                stopped = rule.stop(tps["pick"], tps["baseline"], time.monotonic() - t0, first)
     except ServeFailed as e:
         write_failure(st.out, e)
         _record(results_dir, {"failure": str(e), "rounds_done": [asdict(r) for r in done],

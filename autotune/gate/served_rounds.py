@@ -6,7 +6,6 @@ holdout: measured after the choice, they cannot change it), and report.md's serv
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import statistics
 from dataclasses import asdict, dataclass
@@ -88,22 +87,17 @@ def served_numbers(report: dict[str, Any], setup: Any, done: list[RoundResult], 
                    min_pass_s: float, level: float = 0.95) -> dict[str, Any]:
     """The served numbers as best.json keeps them (``best.served``), beside the study's claim.
     ``setup``: confirm's (its scripts, client and notes); ``stopped``: why the rounds stopped."""
-    from autotune.measure.intervals import UNIT_ROUNDS, resolution
-    from autotune.measure.pairs import holdout_interval
+    from autotune.measure.intervals import UNIT_ROUNDS, paired_t, resolution
     from autotune.run import hardware
 
     by = {s: sorted((r for r in done if r.side == s), key=lambda r: r.round) for s in SIDES}
     pick_tps, base_tps = [r.output_tok_s for r in by["pick"]], [r.output_tok_s for r in by["baseline"]]
     # Round n's pick against round n's baseline; ``level``: the t level that covers 95% under the
-    # sequential rule that stopped the rounds (autotune.measure.sequential.LEVEL). The served rounds
-    # are the holdout: the same rule widens their interval by how far they lie from the study's
-    # selection rounds of the pick (the machine's state persists over a confirm's minutes)
-    earlier = selection_log_ratios(report)
-    speedup, lo, hi, n = holdout_interval(list(zip(pick_tps, base_tps)), earlier, level=level)
+    # sequential rule that stopped the rounds (autotune.measure.sequential.LEVEL)
+    speedup, lo, hi, n = paired_t(pick_tps, base_tps, level=level)
     claimed = report["best"].get("speedup") or {}
     return {
         "rounds": n, "order": [f"{r.side}" for r in done], "warmups": warmups, "stopped": stopped, "t_level": level,
-        "selection_log_ratios": earlier,
         "min_pass_s": min_pass_s, "passes": {s: [r.passes for r in by[s]] for s in SIDES},
         "servers": "+".join(sorted({r.started for r in done})),  # forked, fresh, or forked+fresh
         "pick_output_tok_s": pick_tps, "baseline_output_tok_s": base_tps,
@@ -123,13 +117,6 @@ def served_numbers(report: dict[str, Any], setup: Any, done: list[RoundResult], 
     }
 
 
-def selection_log_ratios(report: dict[str, Any]) -> list[float]:
-    """The pick's log ratios over the baseline in the study's selection rounds, as best.json's figure
-    keeps them (autotune.study.figures; none in results written before, or without selection rounds)."""
-    got = (report.get("figure") or {}).get("selection_log_ratios") or []
-    return [float(x) for x in got if isinstance(x, (int, float)) and math.isfinite(x)]
-
-
 def served_figure(served: dict[str, Any], load: str | None) -> dict[str, Any]:
     """best.json's ``figure`` from the served rounds: the headline once confirm ran."""
     from autotune.measure.intervals import UNIT_ROUNDS
@@ -140,8 +127,7 @@ def served_figure(served: dict[str, Any], load: str | None) -> dict[str, Any]:
             "why": None if ok else f"{n} served round(s): no interval from fewer than 2",
             "speedup": served.get("speedup"), "lo": served.get("speedup_lo"), "hi": served.get("speedup_hi"),
             "pairs": n, "unit": UNIT_ROUNDS, "resolution": served.get("resolution"), "load": load,
-            "stopped": f"stopped: {served['stopped']}" if served.get("stopped") else None,
-            "selection_log_ratios": served.get("selection_log_ratios") or []}  # for a confirm run again
+            "stopped": f"stopped: {served['stopped']}" if served.get("stopped") else None}
 
 
 def update_markdown(results_dir: Path, report: dict[str, Any]) -> None:

@@ -1,10 +1,8 @@
 """When confirm's served rounds stop: decided as they come, at a stated resolution, with a cap.
 
 Rounds come two at a time (the ABBA order of autotune.measure.intervals.abba is balanced on an even
-number), at least ``min_rounds``; after each even round the resolution (the relative half-width,
-autotune.measure.intervals.resolution) of the interval the figure reports is read: the paired
-t-interval over the rounds, widened by how far they lie from the study's selection rounds of the same
-two configs (autotune.measure.pairs.holdout_interval, the holdout's own rule), and the rounds stop once it is
+number), at least ``min_rounds``; after each even round the paired t-interval's resolution (its
+relative half-width, autotune.measure.intervals.resolution) is read, and the rounds stop once it is
 ``target`` or better, at ``max_rounds``, or when two more rounds would pass ``max_s`` counted from the
 step's own start (its setup and launcher too: "3 minutes of confirm" is the step's, not its rounds'). Stopping on a
 narrow interval favours intervals that are narrow by chance: a 95% t-interval read where this rule
@@ -18,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotune.measure.intervals import resolution
-from autotune.measure.pairs import holdout_interval
+from autotune.measure.intervals import paired_t, resolution
 
 TARGET = 0.10  # confirm's --resolution default: the relative half-width its rounds aim for
 MIN_ROUNDS = 4
@@ -43,18 +40,16 @@ class Sequential:
         """The served interval's t level: 95% for a fixed number of rounds, LEVEL where this rule stopped."""
         return 0.95 if self.rounds is not None else LEVEL
 
-    def stop(self, pick: Sequence[float], base: Sequence[float], elapsed_s: float, start_s: float = 0.0,
-             earlier: Sequence[float] = ()) -> str | None:
+    def stop(self, pick: Sequence[float], base: Sequence[float], elapsed_s: float, start_s: float = 0.0) -> str | None:
         """Why to stop after the rounds so far (pick and baseline tok/s, round by round), or None to
         measure two more. ``elapsed_s``: the seconds since the step started; ``start_s``: of those, the
-        seconds before its first round (setup, launcher), which two more rounds do not repeat;
-        ``earlier``: the pick's log ratios in the study's selection rounds (holdout_interval)."""
+        seconds before its first round (setup, launcher), which two more rounds do not repeat."""
         n = min(len(pick), len(base))
         if self.rounds is not None:
             return f"the {self.rounds} round(s) asked for (--rounds)" if n >= self.rounds else None
         if n < self.min_rounds or n % 2:
             return None
-        _, lo, hi, _ = holdout_interval(list(zip(pick[:n], base[:n])), earlier, level=self.level)
+        _, lo, hi, _ = paired_t(pick[:n], base[:n], level=self.level)
         res = resolution(lo, hi)
         if res is not None and res <= self.target:
             return f"resolution +-{res:.0%} reached (target +-{self.target:.0%})"

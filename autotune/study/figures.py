@@ -38,8 +38,6 @@ def pick_figure(view: StudyView, pick: FrozenTrial | None, *, chosen: bool) -> d
                            "resolution": None, "load": load}
     if pick.number == base.number:
         return {**out, "status": NOT_MEASURED, "why": "the pick is the baseline"}
-    # kept for confirm, whose served rounds are then the holdout and widen by the same rule
-    out["selection_log_ratios"] = _earlier(view, pick, base)
     wanted = view.user_attrs.get(attrs.HOLDOUT_PAIRS, 0)
     if wanted is None:
         return {**out, "status": NOT_MEASURED, "why": "no holdout was measured (--no-remeasure)"}
@@ -50,7 +48,7 @@ def pick_figure(view: StudyView, pick: FrozenTrial | None, *, chosen: bool) -> d
                 "why": "the study ended before its choice was final (no holdout: the measured ratio is the claim only)"}
     if want == 0 and not pairs:
         return {**out, "status": PENDING, "why": "autotune confirm's served rounds (the holdout)"}
-    r, lo, hi, n = holdout_interval(pairs, out["selection_log_ratios"])
+    r, lo, hi, n = holdout_interval(pairs, _earlier(view, pick, base))
     out.update(source="holdout", pairs=n)
     if n < 2:
         done = len(rounds_done(view, pick))
