@@ -44,6 +44,19 @@ from autotune.study.remeasure import extra_work
 
 __all__ = ["open_study", "run_study"]
 
+# The workers of one process (--workers) read the budget and ask as one step: two that read "3 of 4"
+# at once would both ask and run 5 (Optuna counts an asked trial as running only once ask returns).
+# Workers in other processes sharing the storage can still overrun by one each, as Optuna's own
+# MaxTrialsCallback does.
+_ASK = threading.Lock()
+
+
+def _budget_used(view: StudyView, cfg: StudyConfig) -> bool:
+    """Whether the trials finished and running within the budget (selection and holdout rounds come on
+    top of it) reach ``--trials``."""
+    running = [t for t in view.running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]
+    return len(view.finished) + len(running) >= cfg.n_trials
+
 
 def _fail_stale(study: optuna.Study, view: StudyView) -> int:
     """Fail RUNNING trials whose worker is gone: a dead pid on this host, or (RDB storages) no
@@ -159,8 +172,7 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             _retry_interrupted(study, StudyView.of(study))
             view = StudyView.of(study)
         running = view.running
-        spent = len(view.finished) + len([t for t in running if attrs.role(t) not in attrs.OUTSIDE_BUDGET]) \
-            >= cfg.n_trials
+        spent = _budget_used(view, cfg)
         if not spent and not timed_out and budget.out_of_time(view, cfg, clock):
             timed_out = budget.left_out_line(view, cfg, clock)
             study.set_user_attr(attrs.STOPPED, timed_out)
@@ -199,7 +211,10 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             if step.params is not None:
                 study.enqueue_trial(step.params, user_attrs={attrs.PLANNED: step.why,
                                                              **({attrs.PAST_EDGE: step.beyond} if step.beyond else {})})
-        trial = study.ask()
+        with _ASK:
+            if not spent and _budget_used(StudyView.of(study), cfg):
+                continue  # another worker asked the budget's last trial since this step read the study
+            trial = study.ask()
         asks += attrs.role(trial) not in attrs.OUTSIDE_BUDGET
         trial.set_user_attr(attrs.WORKER, worker_id(thread))
         is_base = base is None
