@@ -42,8 +42,8 @@ def test_two_workers_never_run_past_the_trial_budget(monkeypatch):
 
         loop.run_one = run_one
         try:
-            study = loop.run_study(cfg, load_workload(str(WORKLOAD)), load_space(str(SPACE), platform="cpu", models=set()),
-                              worker_envs=({}, {}))
+            space = load_space(str(SPACE), platform="cpu", models=set())
+            study = loop.run_study(cfg, load_workload(str(WORKLOAD)), space, worker_envs=({}, {}))
         finally:
             loop.run_one = measure
     # --trials 4: the baseline and three candidates. A fifth asked is the overrun: here the grid drew a
