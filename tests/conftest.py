@@ -100,6 +100,19 @@ import sys  # noqa: E402
 sys.path.insert(0, str(TESTS))  # test helpers (markov.py, fake_engine.py) import by name
 
 
+def import_benchmark(name: str):
+    """benchmarks/<name>.py as a module; benchmarks/ is on the path only while it loads (a benchmark's
+    own ``import harness`` needs it there)."""
+    import importlib
+
+    bench = str(ROOT / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(bench)
+
+
 # The shared study's tried configs, in trial order after the baseline.
 TRIES = ['{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
          '"kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": true}',

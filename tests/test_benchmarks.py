@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, import_benchmark
 
 BENCH = ROOT / "benchmarks"
 HARNESS = BENCH / "harness.py"
@@ -157,17 +157,8 @@ def test_contributing_lists_every_benchmark_and_every_data_file() -> None:
         assert any(Path(f.name).match(Path(p).name) for p in patterns), f"CONTRIBUTING.md names no {f.name}"
 
 
-def _harness():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import harness
-    finally:
-        sys.path.remove(str(BENCH))
-    return harness
-
-
 def test_the_harness_records_the_machine_kind(tmp_path: Path) -> None:
-    harness = _harness()
+    harness = import_benchmark("harness")
     path = harness.save(tmp_path / "sub" / "x.json", {"rows": [1], "machine": "overridden"})
     saved = json.loads(path.read_text())
     assert set(saved["machine"]) >= {"cpu", "cores", "avx512", "amx", "vllm", "platform"}
@@ -181,7 +172,7 @@ def test_the_harness_resets_a_servers_prefix_cache_and_logs_a_command(tmp_path: 
     import http.server
     import threading
 
-    harness = _harness()
+    harness = import_benchmark("harness")
     posted: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):

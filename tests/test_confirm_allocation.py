@@ -7,24 +7,17 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, import_benchmark
 
-BENCH = ROOT / "benchmarks"
-DATA = BENCH / "data" / "confirm_allocation.json"
+DATA = ROOT / "benchmarks" / "data" / "confirm_allocation.json"
 
 
 @pytest.fixture(scope="module")
 def ca():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import confirm_allocation
-    finally:
-        sys.path.remove(str(BENCH))
-    return confirm_allocation
+    return import_benchmark("confirm_allocation")
 
 
 def _rows(between: float, within: float, rounds: int = 12, seed: int = 1) -> list[dict]:
