@@ -93,8 +93,7 @@ def components(rows: list[dict]) -> dict:
     out["between_cov"] = statistics.covariance([means["baseline"][n] for n in common], [means["pick"][n] for n in common])
     ratios = [means["pick"][n] - means["baseline"][n] for n in common]
     out["round_log_ratio_sd"] = statistics.stdev(ratios)
-    d = [x - statistics.fmean(ratios) for x in ratios]
-    out["round_log_ratio_lag1"] = sum(a * b for a, b in zip(d, d[1:])) / sum(a * a for a in d)
+    out["round_log_ratio_lag1"] = harness.lag1([ratios])
     return out
 
 

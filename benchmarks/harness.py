@@ -84,6 +84,18 @@ def spread(xs: Sequence[float]) -> float:
     return (max(xs) - min(xs)) / statistics.median(xs)
 
 
+def lag1(runs: Sequence[Sequence[float]]) -> float:
+    """Pooled lag-1 autocorrelation of series, each about its own mean: does a reading carry on into
+    the next (the machine's state persisting from one round to the next)?"""
+    num = den = 0.0
+    for y in runs:
+        m = statistics.mean(y)
+        d = [v - m for v in y]
+        num += sum(a * b for a, b in zip(d, d[1:]))
+        den += sum(v * v for v in d)
+    return num / den
+
+
 def paired(num: Sequence[float], den: Sequence[float]) -> list[float]:
     """Each reading of ``num`` over its partner in ``den`` (same round), in order."""
     return [a / b for a, b in zip(num, den)]

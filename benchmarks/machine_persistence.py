@@ -73,13 +73,7 @@ def holdout_runs() -> list[list[float]]:
 
 def lag1_and_spread(runs: list[list[float]]) -> tuple[float, float]:
     """Pooled lag-1 autocorrelation about each run's mean, and the median within-run sd."""
-    num = den = 0.0
-    for y in runs:
-        m = statistics.mean(y)
-        d = [v - m for v in y]
-        num += sum(a * b for a, b in zip(d, d[1:]))
-        den += sum(v * v for v in d)
-    return num / den, statistics.median(statistics.stdev(y) for y in runs)
+    return harness.lag1(runs), statistics.median(statistics.stdev(y) for y in runs)
 
 
 def model_runs(phi: float, lengths: list[int], rep: int, window_sd: float) -> list[list[float]]:
