@@ -4,9 +4,7 @@ that both workers read "3 of 4" before either's trial exists, which the suite's 
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
@@ -19,7 +17,7 @@ from machine_noise import Noise
 from sim_study import SPACE, WORKLOAD, Truth, in_memory
 
 
-def test_two_workers_never_run_past_the_trial_budget(monkeypatch):
+def test_two_workers_never_run_past_the_trial_budget(monkeypatch, tmp_path):
     from autotune.study import loop
 
     ask = optuna.Study.ask
@@ -29,7 +27,7 @@ def test_two_workers_never_run_past_the_trial_budget(monkeypatch):
         return ask(self, *a, **k)
 
     monkeypatch.setattr(optuna.Study, "ask", slow_ask)
-    cfg = StudyConfig(name="race", results_dir=Path(tempfile.gettempdir()) / "autotune-race",
+    cfg = StudyConfig(name="race", results_dir=tmp_path,
                       settings=Settings(model="fake-model"), objectives=("output_tok_s",), n_trials=4, strategy="grid",
                       remeasure=False, engine_module="fake_engine", samples=0, seed=0)
 
@@ -40,7 +38,7 @@ def test_two_workers_never_run_past_the_trial_budget(monkeypatch):
             time.sleep(0.1)
             return measure(*a, **k)
 
-        loop.run_one = run_one
+        loop.run_one = run_one  # not monkeypatch: in_memory restores the real one on leaving, after this
         try:
             space = load_space(str(SPACE), platform="cpu", models=set())
             study = loop.run_study(cfg, load_workload(str(WORKLOAD)), space, worker_envs=({}, {}))

@@ -34,4 +34,3 @@ def test_the_rounds_stop_at_the_target_resolution_and_at_the_cap_never_on_an_odd
     assert rule.stop(wide[:10], base[:10], 0.0) is None
     assert rule.stop(wide, base, 0.0).startswith("the cap of 12 rounds")
     assert Sequential(rounds=3).stop(wide[:3], base[:3], 0.0) == "the 3 round(s) asked for (--rounds)"
-
