@@ -23,15 +23,17 @@ def export(
         help="A results folder (or its best.json). Default: the newest under ./results.")] = None,
     format: Annotated[str, typer.Option("--format", "-f", help="command | yaml | json (LLM(...) kwargs).")] = "command",
 ) -> None:
-    """Print the chosen config as a `vllm serve` command, a --config YAML, or LLM() kwargs."""
-    from autotune.serve.export import command, config_yaml, llm_kwargs_json
+    """Print the chosen config as the command that serves it where the study ran (on the CPU build
+    through autotune's launcher, `vllm serve` named below it; elsewhere `vllm serve`), each flag autotune
+    added explained in a comment; or a --config YAML, or LLM() kwargs."""
+    from autotune.serve.export import config_yaml, explained_command, llm_kwargs_json
 
     fmt = _choice(ExportFormat, format, "--format")
     from autotune.cli.edge import _chosen_report
 
     report = _chosen_report(results, "export")
     kw, env = report["best"]["engine_kwargs"], report.get("serve_env")
-    out = {ExportFormat.command: lambda: command(kw, env=env), ExportFormat.yaml: lambda: config_yaml(kw, env=env),
+    out = {ExportFormat.command: lambda: explained_command(report), ExportFormat.yaml: lambda: config_yaml(kw, env=env),
            ExportFormat.json: lambda: llm_kwargs_json(kw)}[fmt]()
     sys.stdout.write(out if out.endswith("\n") else out + "\n")
 

