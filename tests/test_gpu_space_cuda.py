@@ -25,6 +25,7 @@ import pytest
 
 from autotune.core import runner
 from autotune.core.candidate import Candidate
+from conftest import config_code_pythonpath
 from test_gpu_space_valid import _LLAMA, OWN_DRAFTERS, gpu_space, placeholder_models
 
 HERE = Path(__file__).resolve().parent
@@ -81,8 +82,7 @@ def _build(kwargs, tmp_path, platform="cuda"):
     path = tmp_path / f"kwargs-{platform}.json"
     path.write_text(json.dumps(kwargs))
     env = {k: v for k, v in os.environ.items() if k != runner.ENV}  # vLLM's own choice, not the user's
-    env["PYTHONPATH"] = os.pathsep.join(
-        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "vllm_refused" not in p])
+    env["PYTHONPATH"] = config_code_pythonpath()
     r = subprocess.run([sys.executable, str(HERE / "cuda_config.py"), str(path), platform],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

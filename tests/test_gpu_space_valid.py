@@ -93,12 +93,8 @@ def gpu_space(path: Path = GPU_YAML) -> SearchSpace:
 
 
 @pytest.fixture(autouse=True)
-def _vllm_may_inspect_models(monkeypatch):
-    """vLLM inspects a model's architecture in a subprocess of its own (``python -m
-    vllm.model_executor.models.registry``, cached under ~/.cache/vllm once done): that subprocess is
-    config validation, not an engine, so the unmarked-test guard (conftest) is lifted for it."""
-    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "vllm_refused" not in p]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(kept))
+def _vllm_may_inspect_models(vllm_may_inspect_models):
+    """vLLM's config code may inspect a model in a subprocess (conftest.config_code_pythonpath)."""
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ import pytest
 from autotune.core.candidate import Candidate, Settings
 from autotune.core.drafters import drafter_method
 from autotune.core.space import load_space
+from conftest import config_code_pythonpath
 
 HERE = Path(__file__).resolve().parent
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -70,10 +71,14 @@ def settings(models: dict[str, str], method: str) -> Settings:
     return Settings(model=models["target"], eagle3_head=models["p-head"])
 
 
-def test_a_drafters_method_is_read_from_its_config_as_vllm_reads_it(models):
+def test_a_drafters_method_is_read_from_its_config_as_vllm_reads_it(models, vllm_may_inspect_models, tmp_path,
+                                                                   monkeypatch):
     """autotune's reading against vLLM's: the speculators format's own method
     (SpeculatorsConfig.extract_vllm_speculative_config), and SpeculativeConfig's detection of a
-    drafter given without a method (its name) where vLLM detects one."""
+    drafter given without a method (its name) where vLLM detects one. vLLM's cache starts empty, as on
+    a fresh machine: its model inspection then runs in a subprocess (issue 59: this test failed from a
+    fresh clone, passing only where an earlier engine test had filled ~/.cache/vllm)."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "fresh-vllm-cache"))
     from vllm.transformers_utils.configs.speculators import SpeculatorsConfig
 
     from autotune.core.candidate import model_configs
@@ -153,8 +158,7 @@ def _candidates(models: dict[str, str]) -> list[tuple[str, Candidate, dict]]:
 def _build(models: dict[str, str], tmp_path: Path, cuda: bool) -> list[tuple[str, Candidate, dict]]:
     cands = _candidates(models)
     (tmp_path / "job.json").write_text(json.dumps({"architectures": list(ARCHS), "kwargs": [kw for *_, kw in cands]}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "vllm_refused" not in p])}
+    env = {**os.environ, "PYTHONPATH": config_code_pythonpath()}
     r = subprocess.run([sys.executable, str(HERE / "methods_config.py"), str(tmp_path / "job.json"),
                         *(["--cuda"] if cuda else [])], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

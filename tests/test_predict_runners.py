@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune.core.runner import V1, V2
+from conftest import config_code_pythonpath
 from autotune.forecast.forecast import AcceptanceTable
 from autotune.forecast.predict import ngram_acceptance, ngram_proposal
 
@@ -51,8 +52,7 @@ def _vllm_v2(jobs: list[dict]) -> list[list[list[int]]]:
     pytest.importorskip("triton")
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ngram_v2_{os.getpid()}.json"
     path.write_text(json.dumps(jobs))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "vllm_refused" not in p])}
+    env = {**os.environ, "PYTHONPATH": config_code_pythonpath()}
     try:
         r = subprocess.run([sys.executable, str(HERE / "ngram_v2.py"), str(path)], capture_output=True, text=True,
                            env=env, timeout=600)
