@@ -3,23 +3,22 @@
 Absolute tok/s moves by tens of percent between two runs on a shared machine, while ratios measured
 side by side in one run hold to a few percent. So the gate compares what one run measured:
 - the new study re-measured the deployed config (``search --warm-start``): the new pick against it in
-  the holdout rounds both ran in (best.json's ``gate``: side by side, after the choice), objective by
-  objective, by the gate's sequential test over those pairs (autotune.measure.pairs.sequential_decision:
-  a pick as fast as the deployed config passes, one twice the tolerance slower fails, the line
-  1 - tolerance midway); the study adds rounds until the test decides, up to a cap where the point
-  decides, and a run cut short cannot tell and says about how many pairs would (results from before
+  the holdout rounds both ran in (best.json's ``gate``), objective by objective, by the gate's
+  sequential test over those pairs (autotune.measure.pairs.sequential_decision: a pick as fast as the
+  deployed config passes, one twice the tolerance slower fails, the line 1 - tolerance midway); the
+  study adds rounds until the test decides, up to a cap where the truncated test decides on the pairs'
+  mean, and a run cut short cannot tell and says about how many pairs would (results from before
   round 5: the bootstrap over windows, with a note that the unit is too narrow);
 - otherwise (the weaker mode): each pick's figure over its own run's baseline, their intervals combined
-  in quadrature, and the summary says that the comparison spans two runs; a run checked against
-  itself has nothing to judge and passes.
-The deployed config's drift (its speedup then and now) is reported beside, never judged on the old
-run's absolute numbers.
+  in quadrature, and the summary says that the comparison spans two runs;
+- a run checked against itself (SAME_EVIDENCE) has nothing to judge and passes, on that one basis.
+The deployed config's drift (its speedup then and now) is reported beside, never judged.
 
-Outside the same-run pairs, each objective is decided on its interval, not its point ratio
+Outside the same-run pairs, each objective is decided on its interval, never its point ratio
 (``decide``): a regression only when the whole interval lies below 1 - tolerance, no regression when
-it lies wholly at or above, and "cannot tell" when it straddles the line (its own exit code: more
-rounds or pairs are needed, and a nightly job should neither deploy nor page on it). Reads two saved StudyReports (best.json); needs
-neither Optuna nor vLLM.
+it lies wholly at or above, and "cannot tell" when it straddles the line or there is no interval
+(its own exit code, saying what would decide; a nightly job should neither deploy nor page on it).
+Reads two saved StudyReports (best.json); needs neither Optuna nor vLLM.
 """
 
 from __future__ import annotations
@@ -34,15 +33,18 @@ from autotune.measure.objectives import direction, windows_key
 from autotune.measure.intervals import t_quantile
 from autotune.measure.pairs import (OK, REGRESSED, UNDECIDED, decide, pairs_needed, quotient_interval,
                                      sequential_decision)
-from autotune.serve.served import compare_served
+from autotune.serve.served import ServedComparison, compare_served
 
 SAME_RUN = "same run"
 TWO_RUNS = "two runs"
+SAME_EVIDENCE = "same evidence"  # a run checked against itself: nothing to judge
 TWO_RUN_UNIT = "each run's interval, combined (two runs: the weaker mode)"
+TWO_RUN_POINT = "each run's speedup, a point: best.json keeps no interval for it"
+SERVED_UNIT = "served rounds, each run's interval combined"
+SAME_CONFIG = "the same config: the new pick is the deployed config's own record"
+WINDOWS_UNIT = "windows of one instance each"
 
-# An objective's decision (autotune.measure.pairs, one rule for the study's holdout and this gate), and
-# the check's status (the worst of its objectives, correctness first).
-REGRESSION = "regression"
+REGRESSION = "regression"  # the check's status: the worst of its objectives (pairs' OK, UNDECIDED), correctness first
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class CheckResult:
     new_label: str | None
     old_label: str | None
     tolerance: float
-    basis: str  # SAME_RUN or TWO_RUNS
+    basis: str  # SAME_RUN, TWO_RUNS or SAME_EVIDENCE
     drift: Drift | None = None
     notes: list[str] = field(default_factory=list)
     changed_context: dict[str, tuple[Any, Any]] = field(default_factory=dict)
@@ -167,12 +169,12 @@ def _same_run(name: str, dirn: str, pick: dict[str, Any], dep: dict[str, Any], t
     if not _finite(n, d) or n <= 0 or d <= 0:
         return None
     r = _oriented(n, d, dirn)
-    if same_trial:  # the new pick is the deployed config's own re-measurement: one record, no uncertainty
-        return ObjectiveChange(name, dirn, d, n, r, 1.0, 1.0, decide(r, 1.0, 1.0, tol))
+    if same_trial:  # the new pick is the deployed config itself: nothing changed, no ratio to judge
+        return ObjectiveChange(name, dirn, d, n, 1.0, 1.0, 1.0, OK, unit=SAME_CONFIG)
     nw, dw = pick.get(windows_key(name)) or [], dep.get(windows_key(name)) or []
     lo, hi = ratio_interval(nw, dw) if dirn == "maximize" else ratio_interval(dw, nw)
     lo, hi = _nan_none(lo), _nan_none(hi)
-    return ObjectiveChange(name, dirn, d, n, r, lo, hi, decide(r, lo, hi, tol), unit="windows of one instance each")
+    return ObjectiveChange(name, dirn, d, n, r, lo, hi, decide(r, lo, hi, tol), unit=WINDOWS_UNIT)
 
 
 def _speedup_of(entry: dict[str, Any], base: dict[str, Any] | None, name: str, dirn: str) -> float:
@@ -185,12 +187,13 @@ def _two_runs(name: str, dirn: str, new: dict[str, Any], old: dict[str, Any], to
     o = _speedup_of(old["best"], old.get("baseline"), name, dirn)
     if not _finite(n, o):
         return None
-    lo = hi = None
+    lo = hi = None  # no interval: cannot tell (``decide``)
     if name == "output_tok_s":  # the one objective whose speedup carries an interval in best.json
         (n, n_lo, n_hi), (o, o_lo, o_hi) = _figure_of(new, n), _figure_of(old, o)
         lo, hi = quotient_interval((n_lo, n_hi), (o_lo, o_hi))
     r = n / o
-    return ObjectiveChange(name, dirn, o, n, r, lo, hi, decide(r, lo, hi, tol), unit=TWO_RUN_UNIT)
+    return ObjectiveChange(name, dirn, o, n, r, lo, hi, decide(r, lo, hi, tol),
+                           unit=TWO_RUN_UNIT if lo is not None else TWO_RUN_POINT)
 
 
 def _figure_of(report: dict[str, Any], point: float) -> tuple[float, float | None, float | None]:
@@ -222,21 +225,40 @@ def _undecided(c: ObjectiveChange, basis: str, tolerance: float) -> str:
         "in the old run"
     more = (f"about {c.pairs_needed} paired holdout rounds would decide (this run measured {c.pairs}: "
             "search --pairs, or a wider --tolerance)" if c.pairs_needed else
-            "measure more rounds to decide" if basis == SAME_RUN else
-            "a run with --warm-start decides on pairs measured side by side")
+            "a new study with --warm-start (and without --no-remeasure) measures the two in paired holdout rounds, "
+            "which decide" if basis == SAME_RUN else "a run with --warm-start decides on pairs measured side by side")
+    line = f"the line {1 - tolerance:.2f} (the {tolerance:.0%} tolerance)"
+    how = (f"the gate's sequential test against {line} undecided after {c.pairs} pair(s)" if c.pairs is not None
+           else f"an interval across {line}" if c.lo is not None else "with no interval: a point decides nothing")
     return (f"{c.name}: cannot tell: the new pick over {what} is {c.ratio:.3f}{_interval(c.lo, c.hi)} ({c.unit}), "
-            f"an interval across the line {1 - tolerance:.2f} (the {tolerance:.0%} tolerance); {more}")
+            f"{how}; {more}")
 
 
 def _reason(c: ObjectiveChange, basis: str, tolerance: float) -> str:
     if basis == SAME_RUN:
         return (f"{c.name}: the new pick is {1 - c.ratio:.1%} worse than the deployed config measured in the same "
                 f"run ({c.deployed:.4g} -> {c.new:.4g}, ratio {c.ratio:.3f}{_interval(c.lo, c.hi)}), "
-                f"beyond the {tolerance:.0%} tolerance" + ("" if c.lo is not None else " (no interval: the point "
-                                                          "decided)"))
+                f"beyond the {tolerance:.0%} tolerance" + (f", by the gate's sequential test over {c.pairs} paired "
+                                                          "holdout rounds" if c.pairs else f" ({c.unit})"))
     return (f"{c.name}: the new pick's speedup over its baseline is {1 - c.ratio:.1%} below the deployed config's "
             f"in the old run ({c.deployed:.2f}x -> {c.new:.2f}x, ratio {c.ratio:.3f}{_interval(c.lo, c.hi)}), beyond "
-            f"the {tolerance:.0%} tolerance" + ("" if c.lo is not None else " (no interval: the point decided)"))
+            f"the {tolerance:.0%} tolerance ({c.unit})")
+
+
+def _objective(name: str, dirn: str, new: dict[str, Any], old: dict[str, Any], dep: dict[str, Any] | None,
+               served: ServedComparison | None, tolerance: float) -> ObjectiveChange | None:
+    """One objective's comparison on the strongest evidence both runs have; without an interval (or a
+    sequential test) its decision is UNDECIDED, never the point's."""
+    nb, same_config = new["best"], _same_config(new["best"], dep, new.get("selection"))
+    if dep is not None and not same_config and (c := _paired(name, dirn, new.get("gate") or {}, tolerance)):
+        return c  # the holdout's pairs (a study with --no-remeasure has none: the windows below)
+    if dep is not None:
+        return _same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance, same_trial=same_config)
+    if name == "output_tok_s" and served is not None and served.ratio is not None:
+        # Both picks were served (autotune confirm): their served speedups, not the in-process claims.
+        return ObjectiveChange(name, dirn, served.old, served.new, served.ratio, served.ratio_lo, served.ratio_hi,
+                               decide(served.ratio, served.ratio_lo, served.ratio_hi, tolerance), unit=SERVED_UNIT)
+    return _two_runs(name, dirn, new, old, tolerance)
 
 
 def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> CheckResult:
@@ -259,7 +281,8 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
     if dep is not None and "measurement" not in dep:
         notes.append(f"the deployed config failed in this run: {dep.get('failure')}")
         dep = None
-    basis = SAME_RUN if dep is not None else TWO_RUNS
+    same = _same_evidence(new, old) if nb is not None else None
+    basis = SAME_EVIDENCE if same else SAME_RUN if dep is not None else TWO_RUNS
     if basis == TWO_RUNS:
         notes.append("the deployed config was not re-measured in this run (no --warm-start, or outside the space): "
                      "the comparison spans two runs, on each pick's speedup over its own run's baseline")
@@ -267,47 +290,34 @@ def compare(new: dict[str, Any], old: dict[str, Any], *, tolerance: float) -> Ch
     undecided: list[str] = []
     drift = None
     served = compare_served(new, old)  # None: neither run was confirmed served
-    if nb is not None:
-        for name in new.get("objectives") or old.get("objectives") or []:
-            dirn = direction(name)
-            if dirn is None:
-                continue
-            if same := _same_evidence(new, old):
-                c = ObjectiveChange(name, dirn, 1.0, 1.0, 1.0, 1.0, 1.0, OK, unit=same)
-            elif basis == SAME_RUN and not _same_config(nb, dep, new.get("selection")) and \
-                    (c := _paired(name, dirn, new.get("gate") or {}, tolerance)) is not None:
-                pass  # the holdout's pairs (a study with --no-remeasure has none: the windows below)
-            elif basis == TWO_RUNS and name == "output_tok_s" and served is not None and served.ratio is not None:
-                # Both picks were served (autotune confirm): their served speedups, not the in-process claims.
-                c = ObjectiveChange(name, dirn, served.old, served.new, served.ratio, served.ratio_lo,
-                                    served.ratio_hi, decide(served.ratio, served.ratio_lo, served.ratio_hi, tolerance))
-            else:
-                c = (_same_run(name, dirn, nb["measurement"], dep["measurement"], tolerance,
-                               same_trial=_same_config(nb, dep, new.get("selection")))
-                     if dep is not None else _two_runs(name, dirn, new, old, tolerance))
-            if c is None:
-                notes.append(f"{name}: not measured on both sides, not compared")
-                continue
-            if c.unit == "windows of one instance each":
-                notes.append(f"{name}: results from before round 5 (no holdout pairs): decided on windows of one "
-                             "instance each, far narrower than instances differ; rerun the new study to decide on pairs")
-            changes.append(c)
-            if c.regressed:
-                reasons.append(_reason(c, basis, tolerance))
-            elif c.decision == UNDECIDED:
-                undecided.append(_undecided(c, basis, tolerance))
-    if dep is not None:
+    for name in (new.get("objectives") or old.get("objectives") or []) if nb is not None else []:
+        if (dirn := direction(name)) is None:
+            continue
+        c = (ObjectiveChange(name, dirn, 1.0, 1.0, 1.0, 1.0, 1.0, OK, unit=same) if same else
+             _objective(name, dirn, new, old, dep, served, tolerance))
+        if c is None:
+            notes.append(f"{name}: not measured on both sides, not compared")
+            continue
+        if c.unit == WINDOWS_UNIT:
+            notes.append(f"{name}: results from before round 5 (no holdout pairs): judged on windows of one "
+                         "instance each, far narrower than instances differ; rerun the new study to decide on pairs")
+        changes.append(c)
+        if c.regressed:
+            reasons.append(_reason(c, basis, tolerance))
+        elif c.decision == UNDECIDED:
+            undecided.append(_undecided(c, basis, tolerance))
+    if basis == SAME_RUN:
         drift = _drift(ob, dep, tolerance)
         if drift is not None and drift.lost_gain:
             notes.append(f"the deployed config lost gain since the old run: {drift.then:.2f}x"
                          f"{_interval(drift.then_lo, drift.then_hi)} then, {drift.now:.2f}x"
                          f"{_interval(drift.now_lo, drift.now_hi)} now (speedups over each run's own baseline)")
-    if served is not None:
+    if served is not None:  # the new pick's own served failures count on every basis; a self-check compares nothing
         reasons += served.reasons
-        notes += served.notes
+        notes += served.notes if basis != SAME_EVIDENCE else []
     ctx_new, ctx_old = _context(new), _context(old)
     changed = {k: (ctx_old[k], ctx_new[k]) for k in ctx_new if ctx_new[k] != ctx_old[k]}
-    if dep is not None and (reasons or undecided) and nb is not None:
+    if basis == SAME_RUN and (reasons or undecided) and nb is not None:
         notes += _holds_all(new, dep, tolerance)
     if nb is not None and not changes and not reasons:  # a gate that compared nothing must not pass
         raise BadInput(f"check: compared nothing: the new results' objectives: {_names(new)}; the deployed "
@@ -331,11 +341,10 @@ def _same_config(nb: dict[str, Any], dep: dict[str, Any] | None, selection: dict
 
 def _same_evidence(new: dict[str, Any], old: dict[str, Any]) -> str | None:
     """A run checked against itself (the same study's results, the same pick measured once): no change
-    to judge, so no regression; None for two runs."""
-    keys = ("study", "created", "storage")
+    to judge, so no regression; None for two runs, or results with no creation time to tell them by."""
     nb, ob = new.get("best") or {}, old.get("best") or {}
-    if all(new.get(k) == old.get(k) for k in keys) and nb.get("trial") == ob.get("trial") \
-            and nb.get("measurement") == ob.get("measurement"):
+    if new.get("created") is not None and all(new.get(k) == old.get(k) for k in ("study", "created", "storage")) \
+            and nb.get("trial") == ob.get("trial") and nb.get("measurement") == ob.get("measurement"):
         return "the same run: identical evidence on both sides"
     return None
 
@@ -362,17 +371,19 @@ def _holds_all(new: dict[str, Any], dep: dict[str, Any], tolerance: float) -> li
 def markdown(r: CheckResult) -> str:
     """A short Markdown summary (for $GITHUB_STEP_SUMMARY)."""
     head = "## autotune check: " + {OK: "no regression", REGRESSION: "REGRESSION", UNDECIDED: "CANNOT TELL"}[r.status]
-    how = ("the new pick against the deployed config, both measured in the new run" if r.basis == SAME_RUN else
-           "each pick's speedup over its own run's baseline; **the comparison spans two runs**")
+    how = {SAME_RUN: "the new pick against the deployed config, both measured in the new run",
+           TWO_RUNS: "each pick's speedup over its own run's baseline; **the comparison spans two runs**",
+           SAME_EVIDENCE: "the same run on both sides (identical evidence): nothing changed, nothing to judge"}[r.basis]
     lines = [head, "", f"Deployed: `{r.old_label}`; new pick: `{r.new_label}`; tolerance {r.tolerance:.0%}.",
              f"Compared: {how}.", ""]
-    if r.objectives:
+    if r.objectives and r.basis != SAME_EVIDENCE:
         cols = ("deployed now", "new pick") if r.basis == SAME_RUN else ("deployed speedup then", "new speedup now")
-        unit = "95% interval over " + " / ".join(dict.fromkeys(c.unit for c in r.objectives))
-        lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better), {unit} |", "|---|---|---|---|"]
+        units = " / ".join(dict.fromkeys(c.unit for c in r.objectives if c.lo is not None))
+        unit = f", 95% interval over {units}" if units else ""
+        lines += [f"| objective | {cols[0]} | {cols[1]} | ratio (> 1 better){unit} |", "|---|---|---|---|"]
         for c in r.objectives:
             lines.append(f"| {c.name} ({c.direction}) | {c.deployed:.4g} | {c.new:.4g} | "
-                         f"{c.ratio:.3f}{_interval(c.lo, c.hi)}"
+                         f"{c.ratio:.3f}{_interval(c.lo, c.hi) or ' (no interval)'}"
                          f"{' **worse**' if c.regressed else ' **cannot tell**' if c.decision == UNDECIDED else ''} |")
         lines.append("")
     if r.drift is not None:
