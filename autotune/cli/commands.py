@@ -169,10 +169,11 @@ def check(
     tolerance: Annotated[str, typer.Option(help="Allowed worsening of each objective, e.g. 5% or 0.05.")] = "5%",
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of Markdown.")] = False,
 ) -> None:
-    """Exit 1 if the new pick is worse than the deployed one beyond the tolerance, or incorrect; exit 4
-    if it cannot tell (the study's gate rounds were cut short, or, across two runs, an interval across
-    the tolerance line: measure more rounds); exit 2 if it compared nothing (no objective measured on
-    both sides: each side's objectives are named).
+    """Exit 1 if the new pick is worse than the deployed one beyond the tolerance, on an interval or the
+    gate's sequential test, or incorrect; exit 4 if it cannot tell (the study's gate rounds were cut
+    short, an interval across the tolerance line, or an objective with no interval: a point decides
+    nothing; the summary says what would decide); exit 2 if it compared nothing (no objective measured
+    on both sides: each side's objectives are named). A run checked against itself passes.
 
     The Markdown summary is also appended to $GITHUB_STEP_SUMMARY when that is set.
     """
