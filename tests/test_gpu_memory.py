@@ -75,9 +75,9 @@ def test_preflight_checks_each_workers_own_devices_tensor_parallel_included():
     # two workers of tensor parallel 2: devices 0,1 and 2,3; device 3 is held
     nv = FakeNVML((80, 79, []), (80, 79, []), (80, 79, []), (80, 10, [(7, "other", 69)]), (80, 0, []))
     envs = [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
-    preflight(envs, None, tensor_parallel=1, nvml=nv)  # tensor parallel 1: devices 0 and 2 only
+    preflight(envs, None, devices=1, nvml=nv)  # tensor parallel 1: devices 0 and 2 only
     with pytest.raises(BadInput, match="GPU 3 has 10.0 of 80.0 GiB free"):
-        preflight(envs, None, tensor_parallel=2, nvml=nv)
+        preflight(envs, None, devices=2, nvml=nv)
     # a UUID in CUDA_VISIBLE_DEVICES is found by UUID (device 4 here); device 4 is full
     with pytest.raises(BadInput, match="GPU GPU-fake-4 has 0.0 of 80.0"):
         preflight([{"CUDA_VISIBLE_DEVICES": "GPU-fake-4"}], None, nvml=nv)
@@ -86,9 +86,9 @@ def test_preflight_checks_each_workers_own_devices_tensor_parallel_included():
 def test_no_cuda_visible_devices_means_the_first_devices_nvml_counts(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nv = FakeNVML((80, 79, []), (80, 0, []))
-    preflight([{}], None, tensor_parallel=1, nvml=nv)
+    preflight([{}], None, devices=1, nvml=nv)
     with pytest.raises(BadInput, match="GPU 1 has 0.0"):
-        preflight([{}], None, tensor_parallel=2, nvml=nv)
+        preflight([{}], None, devices=2, nvml=nv)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the parent's own setting, where a worker sets none
     with pytest.raises(BadInput, match="GPU 1 has 0.0"):
         preflight([{}], None, nvml=nv)

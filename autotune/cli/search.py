@@ -226,7 +226,7 @@ def prepare(o: SearchOptions) -> Prepared:
     if platform == "cuda":  # every worker's engine fits its devices' free memory, or one line and exit 2
         from autotune.run import gpu_memory
 
-        gpu_memory.preflight(envs, settings.gpu_memory_utilization, tensor_parallel=flags.devices_per_engine)
+        gpu_memory.preflight(envs, settings.gpu_memory_utilization, devices=flags.devices_per_engine)
     # serve.sh serves the pick alone on this host: every core this process may use, split between ranks.
     serve_env = devices.bind_ranks([{}], platform, flags.devices_per_engine)[0][0] if bound else None
     return Prepared(fitted.workload, cfg, sp, platform, envs, notes, serve_env)

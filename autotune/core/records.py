@@ -58,6 +58,9 @@ class Job(TypedDict):
     # A lossy config with speculation: the same config without it, run in a process of its own as
     # the reference of its speculation (autotune.run.evaluate.unspeculated_job, autotune.run.worker.run_trial).
     unspeculated: NotRequired[Job]
+    # A job that runs no vLLM engine (the EAGLE-3 trace) says what it asks of the GPU:
+    # {"utilization": the study's gpu_memory_utilization or None, "devices": devices per engine}.
+    gpu_memory: NotRequired[dict[str, Any]]
 
 
 class RequestRecord(TypedDict):
@@ -66,7 +69,8 @@ class RequestRecord(TypedDict):
     id: str
     start: float
     end: float
-    chunks: list[list[float]]  # [time, tokens in this streamed chunk]
+    # [arrival time, tokens in this streamed chunk], plus the completion's index where it is not 0 (n > 1)
+    chunks: list[list[float]]
     token_ids: list[int]
     text: str
     finish_reason: str | None
@@ -109,6 +113,8 @@ class RawRun(TypedDict):
 # A measurement (autotune.measure.metrics.measure_run) is a flat dict: metric name -> value, with
 # ``metric@level`` keys for the extra load levels, ``metric_mad`` and ``metric_windows`` spreads,
 # acceptance (``acceptance_rate``, ``mean_accepted_length``, ``acceptance_by_pos``) and counts
-# (``windows``, ``completed``, ``incomplete``, ``requests``). Its keys are open-ended (one per
+# (``windows``, ``completed``, ``incomplete``, ``requests``). TPOT and ITL are NaN where every window's
+# stream delivered tokens in bursts (``windows_coalesced`` of ``windows``, ``unstepped_share``, and the
+# reason in ``latency_not_measured``: autotune.measure.coalescing). Its keys are open-ended (one per
 # level), so it is a mapping, not a TypedDict.
 Measurement = dict[str, Any]

@@ -208,10 +208,12 @@ def trace(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, depth: int, h
 
 
 def job(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, depth: int, head: str, target: str,
-        device: str, dtype: str) -> dict[str, Any]:
+        device: str, dtype: str, gpu_memory: dict[str, Any] | None = None) -> dict[str, Any]:
     """The worker job that traces the head where the target runs (``run_job``), for
-    ``autotune.run.worker.run_trial``."""
-    return {"engine_module": __name__, "requests": [],
+    ``autotune.run.worker.run_trial``. It starts no vLLM engine, so it has no engine arguments:
+    ``gpu_memory`` says what the worker waits for before it starts on a GPU (the study's
+    ``{"utilization": ..., "devices": ...}``: autotune.run.gpu_memory.asked_by)."""
+    return {"engine_module": __name__, "requests": [], "gpu_memory": dict(gpu_memory or {}),
             "eagle3_trace": {"pairs": [[list(p), list(o)] for p, o in pairs], "depth": depth, "head": head,
                              "target": target, "device": device, "dtype": dtype}}
 

@@ -134,6 +134,7 @@ class _Setup:
     commands: dict[str, list[str]]  # `vllm serve` as the launcher can fork it, for scripts autotune wrote
     stateful: dict[str, bool]  # a side whose proposer keeps state across requests (suffix): reset between passes
     baseline_command: str
+    asks: dict[str, tuple[float | None, int]]  # each side's (gpu_memory_utilization, devices): the wait on CUDA
     dataset_name: str = DATASET
 
     def rel(self, q: Path) -> str:
@@ -189,8 +190,11 @@ def _setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int, 
     from autotune.run.vllm_ext import needs_reset
     from autotune.serve.export import command
 
+    from autotune.run.gpu_memory import asked_by
+
     return _Setup(results_dir, out, plan, scripts, client, {"AUTOTUNE_PYTHON": python, **(env or {})}, platform,
-                  commands, {side: needs_reset(kwargs[side]) for side in kwargs}, command(base["engine_kwargs"]))
+                  commands, {side: needs_reset(kwargs[side]) for side in kwargs}, command(base["engine_kwargs"]),
+                  {side: asked_by({"engine_kwargs": kwargs[side]}) for side in kwargs})
 
 
 def setup(results_dir: Path, report: dict[str, Any], wl: Any, *, warmups: int = DEFAULT_WARMUPS,
@@ -221,6 +225,20 @@ def starter(forked: bool) -> Any:
     return through_launcher
 
 
+def _memory_released(st: _Setup, n: int, side: str) -> None:
+    """On a GPU, wait until the devices ``side``'s server will use have the memory it asks for, as a
+    trial's worker does (autotune.run.worker): the other side's server, ended a moment ago, may still
+    be giving it back, and vLLM refuses to start short of it. ServeFailed (the round fails) if not."""
+    if st.platform != "cuda":
+        return
+    from autotune.run import gpu_memory
+
+    utilization, devices = st.asks[side]
+    why = gpu_memory.wait_released(st.env, utilization, devices=devices, timeout_s=gpu_memory.RELEASE_TIMEOUT_S)
+    if why is not None:
+        raise ServeFailed(f"the {side} server ({st.rel(st.scripts[side])}, round {n}) was not started: {why}")
+
+
 def _round(st: _Setup, n: int, side: str, *, ready_timeout_s: float, bench_timeout_s: float, forked: bool,
            min_pass_s: float, say: Say) -> RoundResult:
     """One new server of ``side``, measured by ``vllm bench serve`` in passes until ``min_pass_s``
@@ -235,6 +253,7 @@ def _round(st: _Setup, n: int, side: str, *, ready_timeout_s: float, bench_timeo
     say(f"confirm round {n} {side}: starting {st.rel(st.scripts[side])} on port {port}"
         + (" (forked from the launcher)" if fork else ""))
     server_argv, server_env = st.server(side, port, fork=fork, hooks=min_pass_s > 0)
+    _memory_released(st, n, side)
     client_log = out / f"{tag}.bench.log"
     # The client starts with the server and sends its first request once /health answers
     # (autotune.vllm_cli, AUTOTUNE_WAIT_FOR); started fresh, its imports (10-16 s) overlap the server's start,

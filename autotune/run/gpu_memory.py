@@ -47,13 +47,23 @@ class Device:
         return math.ceil(self.total * utilization)
 
 
-def visible(env: dict[str, str] | None = None, tensor_parallel: int = 1) -> list[str] | None:
-    """The device ids one engine of a worker with ``env`` uses: its first ``tensor_parallel`` visible
+def visible(env: dict[str, str] | None = None, devices: int = 1) -> list[str] | None:
+    """The device ids one engine of a worker with ``env`` uses: its first ``devices`` visible
     devices (None: the first devices NVML counts, none being hidden)."""
     spec = (env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     if spec is None:
         return None
-    return [d.strip() for d in spec.split(",") if d.strip()][:tensor_parallel]
+    return [d.strip() for d in spec.split(",") if d.strip()][:devices]
+
+
+def engine_devices(kwargs: dict[str, Any]) -> int:
+    """Devices one engine with engine arguments ``kwargs`` spans: tensor x pipeline x data parallel,
+    as the preflight counts them (autotune.core.serving_flags.ServingFlags.devices_per_engine)."""
+    n = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        value = kwargs.get(key)
+        n *= value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    return n
 
 
 def _text(x: Any) -> str:
@@ -104,12 +114,13 @@ def describe(d: Device, utilization: float) -> str:
             f"gpu_memory_utilization {utilization:g} asks for {d.requested(utilization) / GIB:.1f} GiB{held}")
 
 
-def preflight(envs: list[dict[str, str]], utilization: float | None, *, tensor_parallel: int = 1,
+def preflight(envs: list[dict[str, str]], utilization: float | None, *, devices: int = 1,
               nvml: Any = None) -> None:
-    """Before the baseline: BadInput (one line, exit 2) when any worker's engine cannot fit its devices."""
+    """Before the baseline: BadInput (one line, exit 2) when any worker's engine cannot fit its
+    ``devices`` devices (tensor x pipeline x data parallel)."""
     util = utilization if utilization is not None else DEFAULT_UTILIZATION
     for env in envs:
-        lacking = short(read(visible(env, tensor_parallel), count=tensor_parallel, nvml=nvml), util)
+        lacking = short(read(visible(env, devices), count=devices, nvml=nvml), util)
         if lacking:
             d = lacking[0]
             fits = math.floor(d.free / d.total * 100) / 100
@@ -117,16 +128,27 @@ def preflight(envs: list[dict[str, str]], utilization: float | None, *, tensor_p
                            f"--gpu-memory-utilization to {fits:g} or less")
 
 
-def wait_released(env: dict[str, str] | None, utilization: float | None, *, tensor_parallel: int = 1,
+def asked_by(job: dict[str, Any]) -> tuple[float | None, int]:
+    """(gpu_memory_utilization, devices) a worker job's process will ask of its GPUs: an engine's from
+    its engine arguments; a job that runs no vLLM engine (the EAGLE-3 trace: the target in torch on the
+    worker's GPU) says it in ``gpu_memory`` (the study's utilization and devices per engine)."""
+    kw = job.get("engine_kwargs")
+    if isinstance(kw, dict):
+        return kw.get("gpu_memory_utilization"), engine_devices(kw)
+    asked = job.get("gpu_memory") or {}
+    return asked.get("utilization"), int(asked.get("devices") or 1)
+
+
+def wait_released(env: dict[str, str] | None, utilization: float | None, *, devices: int = 1,
                   timeout_s: float = RELEASE_TIMEOUT_S, nvml: Any = None,
                   sleep: Callable[[float], None] = time.sleep,
                   clock: Callable[[], float] = time.monotonic) -> str | None:
-    """Before a trial's engine: wait up to ``timeout_s`` until its devices have the memory it asks for
-    (the previous engine's teardown releases it late). None when they do, else why not, in one line."""
+    """Before a trial's engine: wait up to ``timeout_s`` until its ``devices`` devices have the memory it
+    asks for (the previous engine's teardown releases it late). None when they do, else why not, in one line."""
     util = utilization if utilization is not None else DEFAULT_UTILIZATION
-    ids, start = visible(env, tensor_parallel), clock()
+    ids, start = visible(env, devices), clock()
     while True:
-        lacking = short(read(ids, count=tensor_parallel, nvml=nvml), util)
+        lacking = short(read(ids, count=devices, nvml=nvml), util)
         if not lacking:
             return None
         if clock() - start >= timeout_s:

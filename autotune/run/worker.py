@@ -159,16 +159,16 @@ def _run_process(job: Job, workdir: Path, *, timeout_s: float, on_event: OnEvent
 
 
 def _gpu_memory_released(job: Job, env: dict[str, str] | None) -> str | None:
-    """On a GPU, wait (autotune.run.gpu_memory) until the devices this job's engine uses have the
-    memory it asks for: the previous trial's engine may still be giving it back. Why not, or None."""
+    """On a GPU, wait (autotune.run.gpu_memory) until the devices this job uses (every device of its
+    engine: tensor x pipeline x data parallel, as the preflight counts them) have the memory it asks
+    for: the previous trial's engine may still be giving it back. Every job kind comes through here,
+    the EAGLE-3 trace's too, which starts no engine (``gpu_memory.asked_by``). Why not, or None."""
     from autotune.run import gpu_memory, hardware
 
     if hardware.detect() != "cuda":
         return None
-    kw = job["engine_kwargs"]
-    return gpu_memory.wait_released(env, kw.get("gpu_memory_utilization"),
-                                    tensor_parallel=int(kw.get("tensor_parallel_size") or 1),
-                                    timeout_s=gpu_memory.RELEASE_TIMEOUT_S)
+    utilization, devices = gpu_memory.asked_by(dict(job))
+    return gpu_memory.wait_released(env, utilization, devices=devices, timeout_s=gpu_memory.RELEASE_TIMEOUT_S)
 
 
 def _end_server(workdir: Path) -> None:

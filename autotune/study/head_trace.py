@@ -112,9 +112,12 @@ def _on_device(pairs: list, depth: int, head: str, model: str, dtype: str, cfg: 
                env: dict[str, str] | None) -> list[dict[str, list]]:
     """The trace as a worker job on the worker's GPU (autotune.forecast.eagle3_trace.run_job)."""
     from autotune.forecast.eagle3_trace import job
+    from autotune.run.gpu_memory import engine_devices
     from autotune.run.worker import run_trial
 
-    out = run_trial(job(pairs, depth=depth, head=head, target=model, device="cuda", dtype=dtype),
+    asks = {"utilization": cfg.settings.gpu_memory_utilization,
+            "devices": engine_devices(dict(cfg.settings.serve_flags or {}))}
+    out = run_trial(job(pairs, depth=depth, head=head, target=model, device="cuda", dtype=dtype, gpu_memory=asks),
                     Path(cfg.results_dir) / "eagle3-trace", timeout_s=cfg.trial_timeout_s, env=dict(env or {}))
     if out.raw is None:
         raise RuntimeError(f"{out.failure} (worker log: {out.log_path})")
