@@ -4,6 +4,9 @@ TTFT = first token chunk - request start; E2E = last chunk - start;
 TPOT = (E2E - TTFT) / (output tokens - 1); ITL = gaps between successive chunks, pooled
 over requests (a speculative burst arrives as one chunk carrying several tokens);
 throughput = output tokens / makespan of the measured window.
+TPOT and ITL time tokens only where the stream delivered each engine step as it came: in a window whose
+tokens arrived in bursts (autotune.measure.coalescing.stream_coalesced) they are not measured (NaN, with
+the reason), and a run's are the median over the windows that were measured.
 Acceptance comes from vLLM's counters diffed around the window: acceptance fraction
 (accepted / drafted tokens) and mean accepted length (1 + accepted / drafts) are different
 numbers and both are reported, plus the acceptance rate by draft position.
@@ -11,11 +14,13 @@ numbers and both are reported, plus the acceptance rate by draft position.
 
 from __future__ import annotations
 
+import math
 from itertools import zip_longest
 from typing import Any
 
 from autotune.core.records import Measurement, RawRun, Window
 from autotune.measure.acceptance import acceptance as spec_acceptance
+from autotune.measure.coalescing import step_tokens, stream_coalesced, unstepped_share
 from autotune.measure.objectives import DIRECTIONS, MAD, STATS, WINDOWS, metric_key, parse_key
 
 import numpy as np
@@ -58,6 +63,10 @@ def measure(raw: Window) -> Measurement:
         times = [c[0] for c in r["chunks"]]
         itl.extend(b - a for a, b in zip(times, times[1:]))
     window = raw["window_s"]
+    step = step_tokens(raw.get("spec_counters"))
+    coalesced = stream_coalesced(done, step=step)
+    if coalesced:  # the client timed bursts, not tokens: no TPOT or ITL from this window
+        tpot, itl = [], []
     m: dict[str, Any] = {
         "requests": len(recs), "completed": len(done), "incomplete": len(recs) - len(done),
         "output_tokens": out_tokens, "window_s": window,
@@ -66,6 +75,9 @@ def measure(raw: Window) -> Measurement:
     }
     for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2e_ms", e2e)):
         m.update(_summary(name, values))
+    share = unstepped_share(done, step=step)
+    m["unstepped_share"] = float("nan") if share is None else share
+    m["windows_coalesced"] = int(coalesced is not None)
     m.update(acceptance(raw.get("spec_counters") or {}))
     m["prefill_share"] = prefill_share(raw.get("spec_counters") or {})
     return m
@@ -131,18 +143,18 @@ def measure_run(raw: RawRun | dict[str, Any]) -> Measurement:
     """
     per = [measure(w) for w in raw["windows"]]
     m: dict[str, Any] = {}
-    for key, value in per[0].items():
+    for key, value in per[0].items():  # a window that did not measure a metric (NaN) does not vote
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            vals = np.asarray([p[key] for p in per], dtype=float)
-            m[key] = float(np.median(vals))
+            m[key] = _median([p[key] for p in per])
     for key in SPREAD:
-        vals = np.asarray([p[key] for p in per], dtype=float)
-        m[metric_key(key, suffix=MAD)] = float(np.median(np.abs(vals - np.median(vals))))
+        m[metric_key(key, suffix=MAD)] = _mad(np.asarray([p[key] for p in per], dtype=float))
     for key in WINDOWED:
         m[metric_key(key, suffix=WINDOWS)] = [float(p[key]) for p in per]  # for intervals of ratios (speedup, `check`) and pooling
     m["output_tok_s_instances"] = [m["output_tok_s_windows"]]  # one engine instance; pool() appends the next
     m["windows"] = len(per)
     m["incomplete"] = sum(p["incomplete"] for p in per)
+    m["windows_coalesced"] = sum(p["windows_coalesced"] for p in per)
+    m["latency_not_measured"] = not_measured(m)
     m["completed"] = sum(p["completed"] for p in per)
     m["requests"] = sum(p["requests"] for p in per)
     m["noisy"] = noisy(m["output_tok_s_windows"])
@@ -175,8 +187,35 @@ def kv_pressure(raw: RawRun | dict[str, Any]) -> dict[str, Any]:
     return {"kv_cache_blocks": raw.get("kv_cache_blocks"), "preemptions": int(sum(counts)) if counts else None}
 
 
+def _median(values: Any) -> float:
+    """The median of the finite values (NaN: a window that did not measure it); NaN where none is."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    return float(np.median(arr)) if len(arr) else float("nan")
+
+
 def _mad(arr: np.ndarray) -> float:
-    return float(np.median(np.abs(arr - np.median(arr))))
+    arr = np.asarray(arr, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    return float(np.median(np.abs(arr - np.median(arr)))) if len(arr) else float("nan")
+
+
+def not_measured(m: dict[str, Any], level: str | None = None) -> str | None:
+    """Why TPOT and ITL are not measured in ``m`` (at load ``level``): every window's stream delivered its
+    tokens in bursts (autotune.measure.coalescing); None where a window measured them."""
+    n, windows = m.get(metric_key("windows_coalesced", level)) or 0, m.get(metric_key("windows", level)) or 0
+    if not n or math.isfinite(m.get(metric_key("tpot_ms_p50", level), float("nan"))):
+        return None
+    return f"tokens reached the client in bursts in {n} of {windows} windows"
+
+
+def unresolved_latency(m: dict[str, Any]) -> str | None:
+    """One line for the console: that ``m`` did not measure TPOT and ITL and why (its stream delivered
+    tokens in bursts, at the study's load and at each other level where it did), or None where it did."""
+    levels = sorted({parse_key(k)[2] or "" for k in m if parse_key(k)[0] == "latency_not_measured"})
+    where = [f"{m[metric_key('windows_coalesced', lvl or None)]} of {m[metric_key('windows', lvl or None)]} windows"
+             + (f" at {lvl}" if lvl else "") for lvl in levels if m.get(metric_key("latency_not_measured", lvl or None))]
+    return f"TPOT, ITL not measured: tokens reached the client in bursts ({'; '.join(where)})" if where else None
 
 
 def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
@@ -199,11 +238,15 @@ def pool(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
         if metric == "goodput":
             m[metric_key(metric, level)] = float(arr.min()) if len(arr) else float("nan")
             continue
-        m[metric_key(metric, level)] = float(np.median(arr))
+        m[metric_key(metric, level)] = _median(arr)
         m[metric_key(metric, level, MAD)] = _mad(arr)
     for key in [k for k in first if k in ("completed", "requests")
                 or parse_key(k)[:2] in (("windows", ""), ("incomplete", ""))]:
         m[key] = first[key] + again.get(key, 0)
+    for key in [k for k in {**first, **again} if parse_key(k)[:2] == ("windows_coalesced", "")]:
+        m[key] = (first.get(key) or 0) + (again.get(key) or 0)
+        level = parse_key(key)[2]  # measured where any window of either instance was
+        m[metric_key("latency_not_measured", level)] = not_measured(m, level)
     for key in [k for k in first if parse_key(k)[:2] == ("noisy", "")]:
         m[key] = noisy(m.get(metric_key("output_tok_s", parse_key(key)[2], WINDOWS), []))
     m.update(_pooled_acceptance(first, again))
@@ -301,5 +344,6 @@ def ratio_interval(cand: list[float], base: list[float], *, level: float = 0.95,
 def at_level(m: dict[str, Any], label: str) -> dict[str, Any]:
     """A run's measurement at one load level as flat ``metric@level`` keys (objective names)."""
     keys = (*DIRECTIONS, *(metric_key(k, suffix=WINDOWS) for k in WINDOWED), metric_key("output_tok_s", suffix=MAD),
-            "windows", "noisy", "incomplete", "acceptance_rate", "mean_accepted_length", "prefill_share")
+            "windows", "noisy", "incomplete", "acceptance_rate", "mean_accepted_length", "prefill_share",
+            "windows_coalesced", "unstepped_share", "latency_not_measured")
     return {metric_key(k, label): m[k] for k in keys if k in m}

@@ -83,3 +83,31 @@ def validate_objectives(names: tuple[str, ...]) -> list[str]:
         raise BadInput(f"--objectives: unknown objective {unknown[0] if unknown else '(none)'!r}; "
                        f"expected names from {sorted(DIRECTIONS)}, optionally @LEVEL (e.g. output_tok_s@16)")
     return [direction(n) for n in names]
+
+
+# Latencies timed from when the stream's tokens arrived: not measured in a window whose stream delivered
+# them in bursts (autotune.measure.coalescing), where every other metric still is.
+STREAM_TIMED = ("tpot_ms", "itl_ms")
+
+
+def measured(m: dict[str, object], name: str) -> float | None:
+    """Objective ``name``'s value in measurement ``m``, None where it was not measured (absent or NaN)."""
+    value = m.get(name)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+        else None
+
+
+def objective_values(m: dict[str, object], names: tuple[str, ...] | list[str]) -> tuple[list[float], list[str]]:
+    """What Optuna is told for objectives ``names``, and the names left out of it: a TPOT or ITL objective
+    the stream did not measure (``STREAM_TIMED``) gets the worst value of its direction (inf for a
+    latency), so it neither wins nor dominates a trial that measured it, and ties with one that did not;
+    any other objective keeps its value (NaN still fails the trial)."""
+    values, left_out = [], []
+    for name in names:
+        value = measured(m, name)
+        if value is None and split_objective(name)[0].rsplit("_", 1)[0] in STREAM_TIMED:
+            values.append(float("inf") if direction(name) == "minimize" else float("-inf"))
+            left_out.append(name)
+        else:
+            values.append(float("nan") if value is None else value)
+    return values, left_out

@@ -1,6 +1,7 @@
 """Service-level objectives: ``--slo "ttft_ms_p95<=500,tpot_ms_p50<=40"`` as Optuna constraints.
 
-A candidate that misses an SLO is infeasible, so it is never on the reported Pareto front.
+A candidate that misses an SLO is infeasible, so it is never on the reported Pareto front. An SLO on a
+metric the run did not measure (TPOT and ITL where the stream delivered tokens in bursts) is left out.
 Goodput (as in `vllm bench serve`) is the share of requests that meet every per-request SLO:
 ``ttft``, ``tpot`` and ``e2e`` bounds applied to each request's own latency.
 """
@@ -23,8 +24,12 @@ class SLO:
     op: str  # "<=" or ">="
     bound: float
 
-    def violation(self, value: float) -> float:
-        """Optuna constraint value: <= 0 when met, scaled by the bound."""
+    def violation(self, value: float | None) -> float:
+        """Optuna constraint value: <= 0 when met, scaled by the bound. A metric the run did not measure
+        (None or NaN: TPOT where the stream delivered tokens in bursts, autotune.measure.metrics.
+        unresolved_latency says so) is left out: 0, neither met by a number nor missed."""
+        if value is None or value != value:
+            return 0.0
         gap = value - self.bound if self.op == "<=" else self.bound - value
         return gap / abs(self.bound) if self.bound else gap
 
@@ -63,17 +68,22 @@ def parse_slos(text: str | None) -> tuple[SLO, ...]:
     return tuple(out)
 
 
-def goodput(requests: list[dict[str, Any]], slos: tuple[SLO, ...]) -> float:
-    """Share of requests that completed and met every per-request SLO (1.0 with no SLOs)."""
+def goodput(requests: list[dict[str, Any]], slos: tuple[SLO, ...], *, step: int | None = None) -> float:
+    """Share of one window's requests that completed and met every per-request SLO (1.0 with no SLOs).
+    Where the window's stream delivered tokens in bursts (autotune.measure.coalescing.stream_coalesced;
+    ``step``: the most tokens an engine step gives a request, from the window's counters where known)
+    no request's TPOT is measured, and a TPOT bound is left out."""
+    from autotune.measure.coalescing import stream_coalesced
     from autotune.measure.metrics import complete, request_latency
 
     if not requests:
         return 0.0
+    timed = stream_coalesced([r for r in requests if complete(r)], step=step) is None
     good = 0
     for r in requests:
         if not complete(r):
             continue
         ttft, e2e, tpot, _ = request_latency(r)
-        ttft, e2e, tpot = ttft * 1000, e2e * 1000, None if tpot is None else tpot * 1000
+        ttft, e2e, tpot = ttft * 1000, e2e * 1000, None if tpot is None or not timed else tpot * 1000
         good += all(s.met_by_request(ttft, tpot, e2e) for s in slos if s.metric.split("_")[0] in ("ttft", "tpot", "e2e"))
     return good / len(requests)

@@ -184,6 +184,7 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
     view = StudyView.of(study)
     results_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(view)
+    _latency_column(view, frame)
     frame["schema_version"] = SCHEMA_VERSION  # trials.csv's columns change with best.json's schema (core.study_report)
     frame.to_csv(results_dir / "trials.csv", index=False)
     parquet_safe(frame).to_parquet(results_dir / "trials.parquet", engine="pyarrow", index=False)
@@ -201,6 +202,16 @@ def write_results(study: Any, results_dir: Path, *, settings: Any, platform: dic
     (results_dir / "best.json").write_text(dumps(report))
     (results_dir / "report.md").write_text(markdown(report, frame))
     return report
+
+
+def _latency_column(view: StudyView, frame: Any) -> None:
+    """trials.csv's ``latency_not_measured``: why a row's TPOT and ITL cells (and their speedup) are empty,
+    where the trial's stream delivered tokens in bursts (autotune.measure.metrics.unresolved_latency)."""
+    from autotune.measure.metrics import unresolved_latency
+
+    if len(frame):
+        frame["latency_not_measured"] = [unresolved_latency(attrs.measurement(view.trial(int(n))))
+                                         for n in frame["trial"]]
 
 
 def _write_by_category(view: StudyView, base: Any, results_dir: Path) -> None:

@@ -96,9 +96,10 @@ async def _one(engine: Any, req: dict[str, Any], prompt: str) -> dict[str, Any]:
         async for d in engine.stream(prompt, req["sampling"], f"{req['id']}-{uuid.uuid4().hex[:8]}"):
             now = time.perf_counter()
             # With n > 1 every completion's tokens are the load (chunks); the first is the one judged.
-            first = getattr(d, "index", 0) == 0
-            if d.token_ids:
-                rec["chunks"].append([now, len(d.token_ids)])
+            index = getattr(d, "index", 0)
+            first = index == 0
+            if d.token_ids:  # [arrival, tokens] (+ the completion's index where n > 1: autotune.measure.coalescing)
+                rec["chunks"].append([now, len(d.token_ids), *([index] if index else [])])
                 if first:
                     rec["token_ids"].extend(d.token_ids)
             if first:

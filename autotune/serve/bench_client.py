@@ -129,7 +129,8 @@ def client_plan(requests: list[Any], *, load: str | None, render: Callable[[list
               # warm-up is autotune.serve.warmup's, outside the measured set
               "--num-prompts", str(len(rows)), "--num-warmups", "0", "--ready-check-timeout-sec", "0", *lf,
               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
-              "--disable-tqdm"]
+              # each request's chunk times, so TPOT is judged on whether the stream timed tokens (bench_requests)
+              "--save-detailed", "--disable-tqdm"]
     from autotune.serve.warmup import warmup_spec
 
     return ClientPlan(rows=rows, flags=flags, notes=notes + ln, warmup=warmup_spec(rows, warmups))
@@ -185,3 +186,28 @@ def read_bench(path: Path, *, expected: int) -> dict[str, Any]:
 def _scaled(x: Any, factor: float) -> float | None:
     v = _num(x)
     return None if v is None else v * factor
+
+
+def bench_requests(data: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A ``vllm bench serve --save-detailed`` result's requests as request records (autotune.core.records),
+    for the rule on whether the stream timed tokens (autotune.measure.coalescing.stream_coalesced): each
+    chunk's arrival from the request's TTFT and its gaps between chunks, its output tokens spread evenly
+    over its chunks (the client keeps no per-chunk count, so only arrival times tell steps apart).
+    None where the result has no per-request detail (saved without --save-detailed)."""
+    ttfts, itls, lens = data.get("ttfts"), data.get("itls"), data.get("output_lens")
+    if not (isinstance(ttfts, list) and isinstance(itls, list) and isinstance(lens, list)) \
+            or not len(ttfts) == len(itls) == len(lens):
+        return None
+    errors = data.get("errors") or [""] * len(ttfts)
+    out = []
+    for i, (ttft, gaps, n) in enumerate(zip(ttfts, itls, lens)):
+        times = [float(ttft or 0.0)]
+        for gap in gaps or []:
+            times.append(times[-1] + float(gap))
+        per, extra = divmod(int(n or 0), len(times))
+        chunks = [[t, per + (1 if j < extra else 0)] for j, t in enumerate(times)]
+        chunks = [c for c in chunks if c[1] > 0]
+        err = errors[i] if i < len(errors) else ""
+        out.append({"id": str(i), "start": 0.0, "end": times[-1], "chunks": chunks, "token_ids": [], "text": "",
+                    "finish_reason": None if err else "length", "error": err or None, "prompt_tokens": None})
+    return out
