@@ -10,7 +10,7 @@ import pytest
 
 from autotune.results.charts import (INTERVAL, acceptance_chart, category_chart, pareto_chart, prediction_chart,
                                      speedup_chart)
-from autotune.results.draw import to_plotly, to_png
+from autotune.results.draw import figure, to_png, to_svg
 from autotune.results.method_colors import METHOD_COLORS, OTHER_COLORS, method_color
 
 
@@ -103,12 +103,62 @@ def test_the_served_figure_stands_beside_the_claim(study):
     assert not [s for s in _charts(frame, report)[1].series if s.hatch]
 
 
-def test_charts_draw_in_both_renderers(study, tmp_path):
+def test_charts_draw_as_png_and_inline_svg(study, tmp_path):
     for chart in _charts(*study):
         if chart.series:
-            to_plotly(chart)
+            svg = to_svg(chart)
+            assert svg.startswith("<svg") and chart.title in svg and svg == to_svg(chart)  # text as text; same bytes
+            assert len(svg) < 100_000, (chart.slug, len(svg))
             to_png(chart, tmp_path / f"{chart.slug}.png")
             assert (tmp_path / f"{chart.slug}.png").stat().st_size > 10_000
+
+
+def _pick_bars(chart, label):
+    """The study's own bars (not the served one) that draw the config ``label``."""
+    return [(s.name, x) for s in chart.series if not s.hatch for x, h in zip(s.x, s.hover or []) if label in h]
+
+
+def test_the_speedup_chart_draws_the_picks_bar_once(study):
+    frame, report = study
+    label = report["best"]["label"]
+    alone = frame[frame["trial"] != 3]  # the pick the fastest at its method and depth, its bar the claim's
+    chart = speedup_chart(alone, report)
+    assert _pick_bars(chart, label) == [("the pick, claimed by the study", "3")]
+    full = speedup_chart(frame, report)  # a faster (lossy) config at the pick's depth: its own bar stays
+    assert _pick_bars(full, label) == [("the pick, claimed by the study", "3")]
+    assert [y for s in full.series if s.name == "ngram" for x, y in zip(s.x, s.y) if x == "3"] == [1.58]
+    del report["best"]["served"]  # no confirm: the pick is its method's bar, once
+    assert _pick_bars(speedup_chart(alone, report), label) == [("ngram", "3")]
+
+
+def test_importance_labels_read_level_and_never_touch(tmp_path):
+    """Long parameter names (suffix decoding's) as the importance chart draws them: horizontal bars,
+    each name on its own line, inside the figure."""
+    import optuna
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from autotune.results.charts import importance_chart
+
+    names = ["num_speculative_tokens", "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
+             "suffix_decoding_min_token_prob", "prompt_lookup_max", "kv_cache_dtype"]
+    dist = optuna.distributions.IntDistribution(0, 9)
+    study = optuna.create_study(study_name="long", storage=f"sqlite:///{tmp_path / 'study.db'}",
+                                directions=["maximize", "minimize"])
+    for i in range(8):
+        values = {n: (i * (j + 3)) % 10 for j, n in enumerate(names)}
+        study.add_trial(optuna.trial.create_trial(params=values, distributions={n: dist for n in names},
+                                                  values=[values[names[0]] + 0.1 * values[names[1]], values[names[2]]]))
+    chart = importance_chart(tmp_path, {"study": "long", "objectives": ["output_tok_s", "e2e_ms_p50"]})
+    assert sorted(chart.categories) == sorted(names)
+    fig = figure(chart)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_yticklabels() + ax.get_xticklabels() if t.get_text() in names]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert len(boxes) == len(names)
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert all(b.x0 >= 0 and b.y0 >= 0 and b.x1 <= fig.bbox.width and b.y1 <= fig.bbox.height for b in boxes)
 
 
 def test_category_speedups_carry_their_interval(study):

@@ -1,5 +1,5 @@
-"""The report's plots: each described once as a ``Chart``, drawn by autotune.results.draw (plotly for the
-HTML, matplotlib for the PNGs); tests read these objects, not pixels.
+"""The report's plots: each described once as a ``Chart``, drawn by autotune.results.draw (matplotlib:
+an SVG in the HTML, a PNG beside it); tests read these objects, not pixels.
 
 From the saved trials table and StudyReport only (autotune.results.report reads them): the Pareto front,
 speedup by method and depth, forecast against measurement, acceptance by position, parameter importances,
@@ -25,9 +25,6 @@ from autotune.results.method_colors import method_color, other_color
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fewer completed trials say nothing about which knob matters
 MAX_ACCEPTANCE_LINES = 10  # more lines than this are unreadable; the best by acceptance are kept
 INTERVAL = "bars: 95% interval"  # the unit of every speedup's error bars, said on its axis
-TABLE_COLUMNS = ("trial", "label", "record", "state", "output_tok_s", "e2e_ms_p50", "speedup_output_tok_s",
-                 "speedup_over_first_baseline", "acceptance_rate", "mean_accepted_length", "acceptance_by_pos", "correct",
-                 "status", "pareto", "verdict", "failure")
 
 
 @dataclass
@@ -63,6 +60,7 @@ class Chart:
     categories: list[str] | None = None  # categorical x axis (bar charts)
     y_range: tuple[float, float] | None = None
     x_integer: bool = False  # positions 1, 2, 3: no ticks in between
+    horizontal: bool = False  # bars along x, categories one under another (long names stay readable)
     note: str = ""
 
 
@@ -192,25 +190,29 @@ def speedup_chart(frame: pd.DataFrame, report: dict[str, Any] | None = None) -> 
     depth = ok["param_num_speculative_tokens"].map(_num).fillna(0).astype(int) \
         if "param_num_speculative_tokens" in ok else pd.Series(0, index=ok.index)
     ok = ok.assign(method=_methods(ok), depth=depth, value=ok["speedup_output_tok_s"].map(_num))
-    best = ok.loc[ok.groupby(["method", "depth"])["value"].idxmax()] if not ok.empty else ok
-    chart.categories = [str(d) for d in sorted(best["depth"].unique())]
+    served, pick = _served(report or {}), ok[ok["trial"] == ((report or {}).get("best") or {}).get("trial")]
+    beside = bool(served) and not pick.empty  # the pick drawn apart, its claim beside its served figure
+    rest = ok[ok["label"] != pick["label"].iloc[0]] if beside else ok  # so its own bar is not drawn twice
+    best = rest.loc[rest.groupby(["method", "depth"])["value"].idxmax()] if not rest.empty else rest
+    chart.categories = [str(d) for d in sorted({*best["depth"], *pick["depth"]})]
     for m, rows in best.groupby("method", sort=True):
         chart.series.append(Series(str(m), [str(d) for d in rows["depth"]], rows["value"].tolist(), kind="bar",
                                    color=method_color(str(m)), method=str(m),
                                    error=_bounds(rows, "speedup_output_tok_s_lo", "speedup_output_tok_s_hi"),
                                    hover=_hover(rows)))
-    served, pick = _served(report or {}), ok[ok["trial"] == ((report or {}).get("best") or {}).get("trial")]
-    if served and not pick.empty:  # the claim (best.json's speedup) and what serving it measured, side by side
+    if beside:  # the claim (best.json's speedup) and what serving it measured, side by side
         m, at = str(pick["method"].iloc[0]), [str(pick["depth"].iloc[0])]
         c = ((report or {}).get("best") or {}).get("speedup") or {}
         claim = (_num(c.get("output_tok_s")), _num(c.get("output_tok_s_lo")), _num(c.get("output_tok_s_hi")))
         if claim[0] != claim[0]:  # an older best.json: the pick's row
             lo_hi = _bounds(pick, "speedup_output_tok_s_lo", "speedup_output_tok_s_hi") or [(float("nan"),) * 2]
             claim = (float(pick["value"].iloc[0]), *lo_hi[0])
+        who = _hover(pick)
         chart.series += [Series("the pick, claimed by the study", at, [claim[0]], kind="bar", color=method_color(m),
-                                method=m, error=[claim[1:]]),
+                                method=m, error=[claim[1:]], hover=[f"{who[0]}: claimed {claim[0]:.2f}x"]),
                          Series("the pick, served (vllm bench serve)", at, [served[0]], kind="bar",
-                                color=method_color(m), method=m, error=[served[1:]], hatch=True)]
+                                color=method_color(m), method=m, error=[served[1:]], hatch=True,
+                                hover=[f"{who[0]}: served {served[0]:.2f}x"])]
     if not chart.series:
         chart.note = "No correct trial to compare."
     return chart
@@ -319,17 +321,10 @@ def category_chart(report: dict[str, Any]) -> Chart:
     return chart
 
 
-def _category_table_html(report: dict[str, Any]) -> str:
-    from autotune.results.text import category_table
-
-    rows = category_table(report["best"])
-    return pd.DataFrame(rows).to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}") + "\n"
-
-
 def importance_chart(results_dir: Path, report: dict[str, Any]) -> Chart:
     """Optuna's parameter importances for each objective, from the study storage saved in the folder."""
     chart = Chart("importance", "Parameter importances (Optuna PED-ANOVA)", "parameter",
-                  "importance (sums to 1 per objective)")
+                  "importance (sums to 1 per objective)", horizontal=True)
     db = results_dir / "study.db"
     if not db.is_file():  # --storage pointed elsewhere; a remote database is not opened from here
         chart.note = f"No Optuna storage in {results_dir} (the study used --storage {report.get('storage')})."
@@ -342,7 +337,8 @@ def importance_chart(results_dir: Path, report: dict[str, Any]) -> Chart:
         return chart
     params = sorted({p for imp in found.values() for p in imp}, key=lambda p: -max(v.get(p, 0) for v in found.values()))
     chart.categories = params
-    chart.series = [Series(name, params, [imp.get(p, 0.0) for p in params], kind="bar", color=other_color(i))
+    chart.series = [Series(name, params, [imp.get(p, 0.0) for p in params], kind="bar", color=other_color(i),
+                           hover=[f"{p}: {imp.get(p, 0.0):.2f} of {name}'s importance" for p in params])
                     for i, (name, imp) in enumerate(found.items())]
     chart.note = (f"Over {n} first measurements (infeasible ones included: importance is about speed, not correctness; "
                   "selection rounds and holdout instances left out: they measure configs already counted).")

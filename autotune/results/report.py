@@ -1,9 +1,12 @@
 """`autotune report`: an HTML page and PNG plots from a saved results folder.
 
 Reads only what `autotune search` saved (best.json, trials.parquet or trials.csv, study.db), so it
-runs on a machine without vLLM or a GPU: pandas, plotly (HTML, its JS inlined so the page opens
-offline) and matplotlib (PNGs; plotly's own image export, kaleido, downloads a browser).
-The plots themselves are autotune.results.charts, drawn by autotune.results.draw.
+runs on a machine without vLLM or a GPU: pandas and matplotlib. The page is one file to share: each
+plot inline as SVG (its text kept as text, each point's details as a tooltip), no script and
+nothing fetched, so it opens offline at a few hundred KB (plotly's JavaScript inlined made it 4.9 MB).
+A PNG of each plot is written beside it. The plots are autotune.results.charts, drawn by
+autotune.results.draw; the tables are autotune.results.table; the command is autotune.serve.export's,
+the one `autotune export` prints.
 """
 
 from __future__ import annotations
@@ -16,11 +19,10 @@ from typing import Any
 import pandas as pd
 
 from autotune import __version__
-from autotune.results.charts import (TABLE_COLUMNS, _category_table_html,
-                             acceptance_chart, category_chart, importance_chart, pareto_chart, prediction_chart,
-                             speedup_chart)
-from autotune.results.draw import to_plotly, to_png
-from autotune.results.text import speedup_headers
+from autotune.results.charts import (acceptance_chart, category_chart, importance_chart, pareto_chart,
+                                     prediction_chart, speedup_chart)
+from autotune.results.draw import to_png, to_svg
+from autotune.results.table import category_html, trials_html
 from autotune.core.errors import BadInput
 from autotune.core.study_report import load_report
 
@@ -66,15 +68,27 @@ def _summary(report: dict[str, Any]) -> str:
     return "".join(f"<p>{line}</p>\n" for line in lines)
 
 
+def _serve(report: dict[str, Any]) -> str:
+    """The pick's command as `autotune export --format command` prints it, each added flag explained."""
+    from autotune.serve.export import explained_command
+
+    if not (report.get("best") or {}).get("engine_kwargs"):
+        return ""
+    return f"<h2>Serve the pick</h2>\n<pre class=\"command\">{html.escape(explained_command(report))}</pre>\n"
+
+
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>autotune report: {study}</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;color:#222}}
 .note{{color:#555;font-style:italic}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}} code{{background:#f3f3f3}}</style>
-<script>{plotly_js}</script></head><body>
+td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}} td.t{{text-align:left;white-space:normal;min-width:7em}} th{{background:#f3f3f3;white-space:normal}} .wide{{overflow-x:auto}} code{{background:#f3f3f3}}
+td[title]{{text-decoration:underline dotted;cursor:help}}
+pre.command{{background:#f3f3f3;padding:.6em;white-space:pre-wrap;overflow-wrap:anywhere;font-size:12px}}
+.chart svg{{max-width:100%;height:auto}}</style></head><body>
 <h1>autotune report: study <code>{study}</code></h1>
-{summary}{sections}<h2>Trials</h2>
-{table}
+{summary}{serve}{sections}<h2>Trials</h2>
+<p class="note">Hover a verdict for the validator's full reason, a header for the trials.csv column.</p>
+<div class="wide">{table}</div>
 <p class="note">autotune {version}, report written {created} from the saved results; PNG copies: {pngs}.</p>
 </body></html>
 """
@@ -82,8 +96,6 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}} code{{background
 
 def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write ``report.html`` and one PNG per plot into ``out_dir`` (default RESULTS/report/); return their paths."""
-    from plotly.offline import get_plotlyjs
-
     results_dir = Path(results_dir)
     if results_dir.is_file():  # best.json given: its folder holds the rest
         results_dir = results_dir.parent
@@ -100,21 +112,17 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     for c in charts:
         section = f'<p class="note">{html.escape(c.note)}</p>\n' if c.note else ""
         if c.series:
-            div = to_plotly(c).to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{c.slug}")
-            section = div + "\n" + section
+            section = f'<div class="chart" id="chart-{c.slug}">\n{to_svg(c)}\n</div>\n' + section
             to_png(c, out / f"{c.slug}.png")
             written.append(out / f"{c.slug}.png")
             if c.slug == "category":  # the numbers behind the bars, acceptance among them
-                section += _category_table_html(report)
+                section += category_html(report)
         else:
             section = f"<h2>{html.escape(c.title)}</h2>\n" + section
         sections.append(section)
-    cols = [c for c in TABLE_COLUMNS if c in frame.columns]
-    page = PAGE.format(study=html.escape(str(report.get("study"))), plotly_js=get_plotlyjs(),
-                       summary=_summary(report), sections="".join(sections),
-                       table=frame[cols].rename(columns=speedup_headers(report, frame)).to_html(
-                           index=False, na_rep="", float_format=lambda v: f"{v:.3g}"),
-                       version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    page = PAGE.format(study=html.escape(str(report.get("study"))), summary=_summary(report), serve=_serve(report),
+                       sections="".join(sections), table=trials_html(frame, report), version=__version__,
+                       created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        pngs=", ".join(f'<a href="{p.name}">{p.name}</a>' for p in written) or "none")
     (out / "report.html").write_text(page, encoding="utf-8")
     return [out / "report.html", *written]
