@@ -130,6 +130,9 @@ def test_a_run_keeps_the_windows_that_timed_tokens_and_pooling_re_derives_it():
     assert pooled["latency_not_measured"] is None
     both = pool(run("bursty", "bursty"), run("bursty"))
     assert math.isnan(both["tpot_ms_p50"]) and "3 of 3 windows" in unresolved_latency(both)
+    from autotune.measure.metrics import not_measured
+
+    assert not_measured({**both, "tpot_ms_p50": None}) == both["latency_not_measured"]  # as best.json holds it
 
 
 def test_a_load_level_reports_its_own_bursts():

@@ -204,7 +204,8 @@ def not_measured(m: dict[str, Any], level: str | None = None) -> str | None:
     """Why TPOT and ITL are not measured in ``m`` (at load ``level``): every window's stream delivered its
     tokens in bursts (autotune.measure.coalescing); None where a window measured them."""
     n, windows = m.get(metric_key("windows_coalesced", level)) or 0, m.get(metric_key("windows", level)) or 0
-    if not n or math.isfinite(m.get(metric_key("tpot_ms_p50", level), float("nan"))):
+    tpot = m.get(metric_key("tpot_ms_p50", level))  # NaN here, None once written to best.json
+    if not n or (isinstance(tpot, (int, float)) and math.isfinite(tpot)):
         return None
     return f"tokens reached the client in bursts in {n} of {windows} windows"
 
