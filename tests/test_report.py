@@ -194,6 +194,7 @@ def test_the_page_serves_the_pick_as_export_prints_it(site, results):
     shown = re.search(r'<pre class="command">(.*?)</pre>', page, flags=re.S).group(1)
     assert html.unescape(shown) == explained_command(load_report(results))
     assert "-m autotune.vllm_cli serve fake-model" in html.unescape(shown)  # a CPU study: the launcher
+    assert f"```\n{html.unescape(shown)}```" in (results / "report.md").read_text()  # report.md: the same one
 
 
 def test_report_defaults_to_results_report_folder(results):

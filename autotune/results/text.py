@@ -82,7 +82,7 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
         lines += [f"**{headline(report)}.**", ""]
         if claim := claim_line(report):
             lines += [claim + ".", ""]
-        lines += ["```", report.get("serve_command", ""), "```", ""]
+        lines += ["```", _serve_command(report).rstrip("\n"), "```", ""]
     else:
         lines += ["**No feasible configuration was found.**", ""]
     if report.get("resolution"):
@@ -95,6 +95,16 @@ def markdown(report: dict[str, Any], frame: Any) -> str:
         lines += ["", f"## By category: trial {best['trial']} `{best['label']}` against the baseline", "",
                   _markdown_table(category_table(best))]
     return "\n".join(lines) + "\n"
+
+
+def _serve_command(report: dict[str, Any]) -> str:
+    """The pick's command as `autotune export` prints it (autotune.serve.export: what runs where the study
+    ran, each added flag explained); an older best.json's ``serve_command`` where engine kwargs are missing."""
+    from autotune.serve.export import explained_command
+
+    if not (report.get("best") or {}).get("engine_kwargs"):
+        return report.get("serve_command", "")
+    return explained_command(report)
 
 
 def speedup_headers(report: dict[str, Any], frame: Any) -> dict[str, str]:
