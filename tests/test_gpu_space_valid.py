@@ -56,7 +56,7 @@ from autotune.core.space import SPACES_DIR, SearchSpace, load_space
 GPU_YAML = SPACES_DIR / "gpu.yaml"
 # Every need a search space may ask for today; the test adds any other the gpu space names.
 NEEDS = {"draft_model", "eagle_head", "eagle3_head", "mtp_layers", "moe_layers", "sampled_requests",
-         "arctic_inference"}
+         "arctic_inference", "model_runner_v2"}
 
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
           "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 2,
@@ -83,8 +83,8 @@ class Invalid(AssertionError):
 
 def _needs(path: Path) -> set[str]:
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return {c["needs"] for p in data["params"].values() for c in p.get("choices", ()) if isinstance(c, dict)
-            and "needs" in c}
+    return {n for p in data["params"].values() for c in p.get("choices", ()) if isinstance(c, dict) and "needs" in c
+            for n in ([c["needs"]] if isinstance(c["needs"], str) else c["needs"])}
 
 
 def gpu_space(path: Path = GPU_YAML) -> SearchSpace:

@@ -140,7 +140,7 @@ def test_search_places_workers_times_tensor_parallel_on_a_faked_gpu_host(tmp_pat
     monkeypatch.setattr(hardware, "detect", lambda: "cuda")  # a GPU host, faked: no GPU here
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     checked = []  # the memory preflight (NVML, tests/test_gpu_memory.py) sees each worker's devices and T
-    monkeypatch.setattr(gpu_memory, "preflight", lambda envs, util, tensor_parallel: checked.append((envs, tensor_parallel)))
+    monkeypatch.setattr(gpu_memory, "preflight", lambda envs, util, devices: checked.append((envs, devices)))
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     o = SearchOptions(workload="examples/smoke.jsonl", model="fake-model", space=str(space), workers=2,

@@ -1,5 +1,7 @@
 """The lossless verification knobs (issue 12, item 5): block verification and probabilistic drafts,
-offered only where the workload has sampled requests, exported as vLLM reads them."""
+offered only where the workload has sampled requests, exported as vLLM reads them; block verification
+only where the trial's model runner is V2 (issue 59: V1's rejection sampler reads no ``block``, so a
+block trial there was labelled block and measured standard)."""
 
 import json
 import shlex
@@ -8,6 +10,7 @@ import optuna
 import pytest
 
 from autotune.core.candidate import Candidate, Settings
+from autotune.core.errors import BadInput
 from autotune.serve.export import command
 from autotune.forecast.forecast import knobs, plain
 from autotune.cli.search import _workload_needs, parse_try
@@ -15,12 +18,15 @@ from autotune.core.space import load_space
 from autotune.core.workload import load_workload
 
 SETTINGS = Settings(model="/m/t", draft_model="/m/d", max_model_len=512)
+SETTINGS_ALL = Settings(model="/m/t", draft_model="/m/d", eagle3_head="/m/h", max_model_len=512)
 TAGS = {"cpu", "cpu-avx512"}
 
 
-def _space(sampled: bool, name: str = "cpu"):
-    return load_space(name, platform="cpu", models={"draft_model"} | ({"sampled_requests"} if sampled else set()),
-                      tags=TAGS)
+def _space(sampled: bool, name: str = "cpu", *, v2: bool = True):
+    """The space with a draft model, on a runner that is V2 (``v2``: what autotune.core.runner.needs
+    gives the CUDA build) or V1 (the CPU build's)."""
+    return load_space(name, platform="cpu", models={"draft_model"} | ({"sampled_requests"} if sampled else set())
+                      | ({"model_runner_v2"} if v2 else set()), tags=TAGS)
 
 
 def _choices(space, name):
@@ -34,6 +40,31 @@ def test_greedy_workloads_keep_vllms_defaults_and_say_what_was_left_out(name):
     assert _choices(s, "draft_sample_method") == ("greedy",)
     assert "rejection_sample_method=block (needs sampled requests (temperature > 0) in the workload)" in s.dropped
     assert not any("verify=" in c.label or "drafts=" in c.label for c in s.grid())
+
+
+@pytest.mark.parametrize("name", ["cpu", "quick", "gpu"])
+def test_block_verification_is_offered_only_where_the_trial_runs_model_runner_v2(name, monkeypatch):
+    from autotune.core import runner
+
+    platform = "cuda" if name == "gpu" else "cpu"
+    have = {"draft_model", "sampled_requests", "eagle3_head", "parallel_drafting_head", "arctic_inference"}
+    # the CPU build (no Triton: V1), and the CUDA build with the user's VLLM_USE_V2_MODEL_RUNNER=0
+    for env in ({}, {runner.ENV: "0"}):
+        v1 = load_space(name, platform=platform, models=have | runner.needs(platform if env else "cpu", env),
+                        tags={platform})
+        assert "block" not in _choices(v1, "rejection_sample_method"), (name, env)
+        assert any(d.startswith("rejection_sample_method=block (needs Model Runner V2") for d in v1.dropped), v1.dropped
+        with pytest.raises(BadInput, match="'rejection_sample_method': 'block' is left out of space"):
+            parse_try('{"method": "ngram", "num_speculative_tokens": 2, "rejection_sample_method": "block"}', v1)
+    # on the CUDA build (V2): offered, but never to a config that runs V1 (suffix, EAGLE parallel drafting)
+    v2 = load_space(name, platform=platform, models=have | runner.needs("cuda", {}), tags={platform})
+    assert "block" in _choices(v2, "rejection_sample_method")
+    for c in v2.grid():
+        if c.params.get("rejection_sample_method") == "block":
+            want, _ = runner.expected(c.engine_kwargs(SETTINGS_ALL).get("speculative_config"), triton=True, env={})
+            assert want == runner.V2, c.label
+    assert not any(c.params.get("rejection_sample_method") == "block" for c in v2.grid()
+                   if c.method == "suffix" or c.params.get("parallel_drafting"))
 
 
 def test_sampled_workloads_offer_block_verification_and_probabilistic_drafts():

@@ -174,10 +174,12 @@ def prepare(o: SearchOptions) -> Prepared:
     extra_loads = level_loads(levels, load, extra_loads)
     platform = hardware.detect()
     settings = _settings(o, platform)
-    sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
-                    models=settings.available_models() | _workload_needs(wl), tags=hardware.platform_tags(platform))
     from autotune.cli.serving import apply_serving_flags
-    from autotune.core.runner import runner_lines
+    from autotune.core.runner import needs as runner_needs, runner_lines
+
+    sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
+                    models=settings.available_models() | _workload_needs(wl) | runner_needs(platform, os.environ),
+                    tags=hardware.platform_tags(platform))
     from autotune.core.target_space import fit_to_target
 
     settings, sp, flags, flag_notes = apply_serving_flags(o, settings, sp)
@@ -317,6 +319,10 @@ def parse_try(text: str, space: Any) -> dict[str, Any]:
         bad = sorted(set(params) - names - {SCHEDULE_KEY})[0] if isinstance(params, dict) else params
         raise BadInput(f"--try: key {bad!r}: expected parameters of space '{space.name}' "
                        f"({', '.join(sorted(names))}) or {SCHEDULE_KEY}")
+    for name, value in params.items():  # a value the space left out here would run as another config, or fail
+        left = next((d for d in space.dropped if d.startswith(f"{name}={value} (")), None)
+        if left is not None:
+            raise BadInput(f"--try: key {name!r}: {value!r} is left out of space '{space.name}' here: {left}")
     if SCHEDULE_KEY in params:  # a depth schedule of the user's: judged as the study's own would be
         why = check_ranges(params[SCHEDULE_KEY], params.get("num_speculative_tokens"))
         if why:

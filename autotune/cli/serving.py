@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from autotune.core.serving_flags import ServingFlags, collisions, flag
+from autotune.core.serving_flags import ServingFlags, collisions, fixed_values, flag
 
 
 def apply_serving_flags(o: Any, settings: Any, space: Any) -> tuple[Any, Any, ServingFlags, list[str]]:
@@ -20,15 +20,18 @@ def apply_serving_flags(o: Any, settings: Any, space: Any) -> tuple[Any, Any, Se
     from autotune.run.serving_flags import parse
 
     flags = parse(settings.model, list(o.serve_flags), o.serve_config)
-    fixed = collisions(flags, {p.name for p in space.params})
+    knobs = {p.name for p in space.params}
+    collisions(flags, knobs)  # BadInput for a flag autotune owns or duplicates
+    fixed = fixed_values(flags, knobs)
     values = dict(flags.values)
     if "tokenizer" in values:  # the prompts' lengths are checked with it too (autotune.core.context)
         settings = replace(settings, tokenizer=values.pop("tokenizer"))
-    space = without(space, fixed, "fixed by your serving flags")
+    space = without(space, sorted(fixed), "fixed by your serving flags", values={k: v for k, (v, _) in fixed.items()})
     settings = replace(settings, serve_flags=values)
     shown = " ".join(f"{flag(k)}={v}" for k, v in flags.values.items())
     notes = [f"serving flags ({escape(flags.source)}): {escape(shown)}, in every trial and in serve.sh"]
-    notes += [f"{flag(k)}: fixed by your serving flags, so the space no longer searches {k}" for k in fixed]
+    notes += [f"{flag(k)}: fixed by your serving flags, so the space no longer searches {k}" if k in flags.values
+              else f"{k}: not searched: {escape(why)}" for k, (_, why) in fixed.items()]
     if flags.served_only:
         notes.append(f"[dim]{escape(', '.join(map(flag, flags.served_only)))}: the API server's, so only "
                      "--instrument served and confirm carry them[/dim]")

@@ -67,6 +67,14 @@ def expected(spec: Mapping[str, Any] | None, *, triton: bool, env: Mapping[str, 
     return V2, "Model Runner V2, vLLM's default where Triton is present"
 
 
+def needs(platform: str, env: Mapping[str, str]) -> set[str]:
+    """What a search space's ``needs:`` can ask of the runner here: ``model_runner_v2`` where vLLM
+    runs Model Runner V2 (the CUDA build, unless the user set ``VLLM_USE_V2_MODEL_RUNNER=0``). Block
+    verification exists in V2's rejection sampler only: V1's reads ``synthetic`` alone, so a
+    ``block`` trial there would be labelled block and measured standard (issue 59)."""
+    return {"model_runner_v2"} if has_triton(platform) and forced(env) is not False else set()
+
+
 def has_triton(platform: str) -> bool:
     """Whether vLLM's build for ``platform`` has Triton: the CUDA build does, the CPU build does not."""
     return platform == "cuda"

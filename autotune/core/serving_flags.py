@@ -86,6 +86,27 @@ class ServingFlags:
         return bool(self.values)
 
 
+def fixed_values(flags: ServingFlags, knobs: set[str]) -> dict[str, tuple[Any, str]]:
+    """The space's knobs the flags fix, each with the value every trial then has and why: a flag
+    named for the knob, or one that decides it in vLLM's config (issue 59):
+
+    - ``--enforce-eager``: vLLM runs every ``cudagraph_mode`` as NONE (``VllmConfig.__post_init__``), so
+      three graph modes would be one engine under three labels;
+    - adaptive verification (dspark): vLLM refuses it without full CUDA graphs (under
+      ``--enforce-eager``), under pipeline parallelism and with LoRA
+      (``VllmConfig._validate_adaptive_verification``)."""
+    out: dict[str, tuple[Any, str]] = {n: (flags.values[n], f"fixed by {flag(n)}") for n in flags.values if n in knobs}
+    v = flags.values
+    if v.get("enforce_eager") is True and "cudagraph_mode" in knobs:
+        out["cudagraph_mode"] = ("NONE", "--enforce-eager: vLLM runs every cudagraph_mode as NONE")
+    why = ("--enforce-eager (adaptive verification needs full CUDA graphs)" if v.get("enforce_eager") is True else
+           "--pipeline-parallel-size > 1" if (v.get("pipeline_parallel_size") or 1) > 1 else
+           "--enable-lora" if v.get("enable_lora") else None)
+    if why and "enable_adaptive_verification" in knobs:
+        out["enable_adaptive_verification"] = (False, f"vLLM refuses it under {why}")
+    return out
+
+
 def collisions(flags: ServingFlags, knobs: set[str]) -> list[str]:
     """The space's knobs the flags fix (to be removed from the space); BadInput for a flag autotune
     owns or one duplicating an option of autotune's, naming what to use instead."""

@@ -114,6 +114,19 @@ def _fail(src: str, key: str, expected: str, got: Any) -> BadInput:
     return BadInput(f"{src}: key '{key}': expected {expected}, got {got!r}")
 
 
+# What each ``needs:`` name asks of the study, as a dropped choice's note says it.
+_HINTS = {"mtp_layers": "a model with MTP layers",
+          "moe_layers": "a mixture-of-experts model",
+          "sampled_requests": "sampled requests (temperature > 0) in the workload",
+          "arctic_inference": "Arctic Inference: pip install arctic-inference, or scripts/setup.sh",
+          "dflash_drafter": "a --draft-model whose config says dflash (a DFlash block drafter)",
+          "dspark_drafter": "a --draft-model whose config says dspark (a DSpark block drafter)",
+          "parallel_drafting_head": "an EAGLE head trained for parallel drafting (P-EAGLE)",
+          # autotune.core.runner.needs: vLLM's V1 rejection sampler reads no `block` (it would verify standard)
+          "model_runner_v2": "Model Runner V2 (vLLM's CUDA build, VLLM_USE_V2_MODEL_RUNNER not 0): "
+                             "Model Runner V1 verifies it as standard"}
+
+
 def _parse_choices(src: str, name: str, raw: Any, platform: str, tags: set[str], models: set[str],
                    dropped: list[str]) -> tuple[Any, ...]:
     if not isinstance(raw, list) or not raw:
@@ -127,16 +140,12 @@ def _parse_choices(src: str, name: str, raw: Any, platform: str, tags: set[str],
             if platforms is not None and not tags & set(platforms):
                 dropped.append(f"{name}={value} (needs {' or '.join(platforms)}; this is {platform})")
                 continue
-            if needs is not None and needs not in models:
-                hint = {"mtp_layers": "a model with MTP layers",
-                        "moe_layers": "a mixture-of-experts model",
-                        "sampled_requests": "sampled requests (temperature > 0) in the workload",
-                        "arctic_inference": "Arctic Inference: pip install arctic-inference, or scripts/setup.sh",
-                        "dflash_drafter": "a --draft-model whose config says dflash (a DFlash block drafter)",
-                        "dspark_drafter": "a --draft-model whose config says dspark (a DSpark block drafter)",
-                        "parallel_drafting_head": "an EAGLE head trained for parallel drafting (P-EAGLE)",
-                        }.get(needs, f"--{needs.replace('_', '-')}")
-                dropped.append(f"{name}={value} (needs {hint})")
+            needs = [needs] if isinstance(needs, str) else list(needs or [])
+            if not all(isinstance(n, str) for n in needs):
+                raise _fail(src, f"params.{name}.choices", "needs: a name or a list of names", item)
+            missing = [n for n in needs if n not in models]
+            if missing:
+                dropped.append(f"{name}={value} (needs {' and '.join(_HINTS.get(n, f'--{n}'.replace('_', '-')) for n in missing)})")
                 continue
         else:
             value = item
@@ -180,6 +189,7 @@ def parse_space(data: Any, *, src: str, platform: str, models: set[str],
         raise _fail(src, "params", "a mapping of parameters that includes 'method'", raw_params)
     dropped: list[str] = []
     params: list[Param] = []
+    gone: set[str] = set()  # knobs of which no choice runs here: a knob that depends on one never applies
     for name, spec in raw_params.items():
         if name not in KEYS:
             raise _fail(src, f"params.{name}", f"a known parameter ({', '.join(KEYS)})", name)
@@ -192,12 +202,17 @@ def parse_space(data: Any, *, src: str, platform: str, models: set[str],
         if not isinstance(when_raw, dict) or not all(isinstance(v, list) for v in when_raw.values()):
             raise _fail(src, f"params.{name}.when", "a mapping of parameter to list of values", when_raw)
         for parent in when_raw:
-            if parent not in {p.name for p in params}:
+            if parent not in {p.name for p in params} | gone:
                 raise _fail(src, f"params.{name}.when", "parameters declared above this one", parent)
         when = {k: tuple(v) for k, v in when_raw.items()}
+        if set(when) & gone:
+            gone.add(name)
+            dropped.append(f"{name} (it applies only with {', '.join(sorted(set(when) & gone))}, left out here)")
+            continue
         if kinds[0] == "choices":
             choices = _parse_choices(src, name, spec["choices"], platform, tags, models, dropped)
             if not choices:  # the platform has none of this knob: leave it out
+                gone.add(name)
                 dropped.append(f"{name} (no choice runs on {platform})")
                 continue
             params.append(Param(name, choices=choices, when=when))
@@ -236,20 +251,43 @@ def reload_space(resolved: dict[str, Any]) -> SearchSpace:
     """The space a study ran, from its ``resolved`` record (the same choices, on any machine)."""
     sp = load_space(resolved["source"], platform=resolved["platform"], models=set(resolved["models"]),
                     tags=set(resolved["tags"]))
-    return without(sp, resolved.get("fixed") or [], "")
+    return without(sp, resolved.get("fixed") or [], "", values=resolved.get("fixed_values"))
 
 
-def without(sp: SearchSpace, names: list[str], why: str) -> SearchSpace:
+def without(sp: SearchSpace, names: list[str], why: str, *, values: dict[str, Any] | None = None) -> SearchSpace:
     """``sp`` without the knobs ``names`` (the user fixed them with serving flags: every trial has
-    the user's value), each noted as left out ``why``; recorded in ``resolved`` to reload it so."""
+    the user's value), each noted as left out ``why``; recorded in ``resolved`` to reload it so.
+
+    ``values``: the value each fixed knob has in every trial, where known. A knob that applies only at
+    other values of a fixed one never applies, so it goes too (adaptive verification under the user's
+    --enforce-eager, which runs every cudagraph_mode as NONE); a condition the value meets is dropped."""
+    values = dict(values or {})
     gone = [n for n in names if any(p.name == n for p in sp.params)]
     if not gone:
         return sp
-    params = tuple(replace(p, when={k: v for k, v in p.when.items() if k not in gone})
-                   for p in sp.params if p.name not in gone)
-    return replace(sp, params=params, baseline={k: v for k, v in sp.baseline.items() if k not in gone},
-                   dropped=(*sp.dropped, *(f"{n} ({why})" for n in gone if why)),
-                   resolved={**sp.resolved, "fixed": sorted({*sp.resolved.get("fixed", []), *gone})})
+    params: list[Param] = []
+    unmet: list[str] = []
+    for p in sp.params:
+        if p.name in gone or p.name in unmet:
+            continue
+        if any(k in gone and k in values and values[k] not in v for k, v in p.when.items()) or \
+                any(k in unmet for k in p.when):
+            unmet.append(p.name)
+            continue
+        params.append(replace(p, when={k: v for k, v in p.when.items() if k not in gone}))
+    notes = [f"{n} ({why})" for n in gone if why]
+    notes += [f"{n} (applies only at other values of {', '.join(sorted(k for k in _when(sp, n) if k in gone or k in unmet))}"
+              " than those fixed)" for n in unmet if why]
+    return replace(sp, params=tuple(params), baseline={k: v for k, v in sp.baseline.items() if k not in gone + unmet},
+                   dropped=(*sp.dropped, *notes),
+                   resolved={**sp.resolved, "fixed": sorted({*sp.resolved.get("fixed", []), *gone}),
+                             **({"fixed_values": {**sp.resolved.get("fixed_values", {}),
+                                                  **{k: values[k] for k in gone if k in values}}}
+                                if any(k in values for k in gone) else {})})
+
+
+def _when(sp: SearchSpace, name: str) -> dict[str, tuple[Any, ...]]:
+    return next((p.when for p in sp.params if p.name == name), {})
 
 
 def load_space(name_or_path: str, *, platform: str, models: set[str], tags: set[str] | None = None) -> SearchSpace:
