@@ -104,6 +104,53 @@ def test_the_v2_coverage_is_vllms_own_v2_graph_manager(mode, sizes, ceiling, q):
     assert sorted(set(batches) - graphed) == outside
 
 
+# (mode, capture sizes, ceiling, k, schedule): a depth schedule lowers the depth as the batch grows
+SCHEDULE_CASES = [("FULL_AND_PIECEWISE", [1, 2, 4, 8, 16, 24, 32], 32, 4, [[1, 2, 4], [3, 6, 2], [9, 256, 0]]),
+                  ("FULL_DECODE_ONLY", [1, 2, 4, 8, 16, 24, 30], 30, 3, [[1, 4, 3], [5, 256, 1]]),
+                  ("FULL_AND_PIECEWISE", [8, 16, 24, 32, 40, 48, 56, 64], 64, 5, [[1, 1, 5], [2, 8, 3], [12, 256, 1]])]
+
+
+@pytest.mark.parametrize("mode, sizes, ceiling, k, schedule", SCHEDULE_CASES)
+def test_a_depth_schedules_coverage_is_vllms_own_v2_graph_manager(mode, sizes, ceiling, k, schedule):
+    """Under a depth schedule (num_speculative_tokens_per_batch_size) V2 captures FULL decode graphs for
+    every depth the schedule gives (issue 59: autotune held every batch to k+1): each batch is
+    dispatched at its own depth's query length by vLLM's graph manager, run on CPU, and the dense
+    depth lookup is vLLM's own (build_dynamic_sd_schedule_lookup)."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    from autotune.measure.cudagraphs import depth_at
+
+    max_reqs = 64
+    dense = build_dynamic_sd_schedule_lookup(schedule, vllm_max_batch_size=max_reqs, vllm_num_speculative_tokens=k)
+    assert [depth_at(schedule, c, k) for c in range(1, max_reqs + 1)] == dense[1:]
+    spec = SimpleNamespace(uses_dynamic_speculative_decoding=lambda: True, num_speculative_tokens_per_batch_size=schedule)
+    m = SimpleNamespace(compilation_config=SimpleNamespace(cudagraph_capture_sizes=list(sizes),
+                                                           max_cudagraph_capture_size=ceiling),
+                        cudagraph_mode=CUDAGraphMode[mode], max_num_reqs=max_reqs, decode_query_len=k + 1,
+                        vllm_config=SimpleNamespace(speculative_config=spec, num_speculative_tokens=k,
+                                                    cache_config=SimpleNamespace(use_kda_recoverssm=False)),
+                        varlen_decode=False, lora_capture_cases=[0], _candidates={}, _capture_descs={},
+                        _graphs_captured=True, _maybe_ubatch_twin=lambda desc: None,
+                        _resolve_effective_loras=lambda n: 0)
+    CudaGraphManager._init_candidates(m)
+    batches = list(range(1, max_reqs + 1))
+    graphed = set()
+    for c in batches:
+        q = dense[c] + 1
+        if CudaGraphManager.dispatch(m, c, c * q, q, 0, max_query_len=q).cg_mode != CUDAGraphMode.NONE:
+            graphed.add(c)
+    graphs = {"mode": mode, "capture_sizes": sizes, "max_capture_size": ceiling}
+    cov = decode_coverage(graphs, k=k, batch_sizes=batches, runner="v2", schedule=schedule)
+    assert sorted(set(batches) - graphed) == cov["outside"]
+    # held to k+1 alone (before issue 59), the deep batches read as outside where vLLM graphs them
+    assert decode_coverage(graphs, k=k, batch_sizes=batches, runner="v2")["outside"] != cov["outside"]
+    if cov["outside"]:
+        c = cov["outside"][0]
+        assert f"at batch {c}: {c} x (k+1={dense[c] + 1})" in coverage_line(cov)
+
+
 def test_v2_covers_batches_that_v1s_rounding_leaves_out():
     """512 rounds up to 513 for k+1 = 3 and is dropped by V1, whose ceiling falls to 498 (496 -> 498):
     batches of 167 to 170 decode outside V1's graphs; V2 keeps 512 for its PIECEWISE graphs."""

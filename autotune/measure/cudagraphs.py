@@ -55,25 +55,50 @@ def v2_ceiling(mode: str, sizes: list[int], ceiling: int, query_len: int) -> int
     return top
 
 
-def decode_coverage(graphs: dict[str, Any], k: int, batch_sizes: list[int], runner: str | None = None
-                    ) -> dict[str, Any]:
+def depth_at(schedule: list[list[int]] | None, batch: int, k: int) -> int:
+    """The depth vLLM drafts at ``batch`` requests under a depth schedule (``num_speculative_tokens_per_
+    batch_size``: inclusive [start, end, depth] ranges), as its dense lookup reads it
+    (``build_dynamic_sd_schedule_lookup``, vllm/v1/spec_decode/dynamic/utils.py): the range holding the
+    batch, a gap or the tail carrying the previous range's depth, never above ``k``. No schedule: ``k``."""
+    last = None
+    for start, end, depth in sorted((int(a), int(b), int(d)) for a, b, d in schedule or []):
+        if batch < start:
+            break
+        last = depth
+        if batch <= end:
+            break
+    return k if last is None else min(k, last)
+
+
+def decode_coverage(graphs: dict[str, Any], k: int, batch_sizes: list[int], runner: str | None = None,
+                    schedule: list[list[int]] | None = None) -> dict[str, Any]:
     """Which of ``batch_sizes`` (requests decoding together) run their decode step under graphs.
 
     ``graphs``: ``{"mode": CUDAGraphMode name, "capture_sizes": [...], "max_capture_size": int}`` as
     the trial's engine resolved them (autotune.run.served_engine.resolved_cudagraphs); ``runner``:
     the model runner the engine ran ("v1", "v2"; None: V1, what trials recorded before runners were).
+    ``schedule``: a depth schedule, under which a step of ``c`` requests verifies ``depth_at(c) + 1``
+    tokens each. V2 captures FULL decode graphs for every depth the schedule can give
+    (``CudaGraphManager._init_candidates``: one query length per scheduled depth), so each batch is
+    checked at its own query length; V1 rounds its sizes for ``k + 1`` alone, and a batch at a
+    smaller depth fits them by its token count.
     """
     mode, q = str(graphs.get("mode") or "NONE"), k + 1
     sizes = [int(s) for s in graphs.get("capture_sizes") or []]
     ceiling = int(graphs.get("max_capture_size") or (max(sizes) if sizes else 0))
+    queries = {c: depth_at(schedule, c, k) + 1 for c in batch_sizes}
     if runner == "v2":
-        top = v2_ceiling(mode, sizes, ceiling, q)
+        tops = {c: v2_ceiling(mode, sizes, ceiling, queries[c]) for c in batch_sizes}
     else:
         if mode in FULL_DECODE:
             sizes = spec_capture_sizes(sizes, ceiling, q)
-        top = max(sizes) if sizes and mode != "NONE" else 0
-    outside = sorted({c for c in batch_sizes if c * q > top})
-    return {"mode": mode, "query_len": q, "ceiling": top, "outside": outside, "runner": runner or "v1"}
+        tops = dict.fromkeys(batch_sizes, max(sizes) if sizes and mode != "NONE" else 0)
+    outside = sorted({c for c in batch_sizes if c * queries[c] > tops[c]})
+    top = v2_ceiling(mode, sizes, ceiling, q) if runner == "v2" else (max(sizes) if sizes and mode != "NONE" else 0)
+    out = {"mode": mode, "query_len": q, "ceiling": top, "outside": outside, "runner": runner or "v1"}
+    if schedule:  # the query length and ceiling each batch was held to
+        out["by_batch"] = {str(c): [queries[c], tops[c]] for c in sorted(batch_sizes)}
+    return out
 
 
 def coverage_line(cov: dict[str, Any]) -> str | None:
@@ -83,5 +108,6 @@ def coverage_line(cov: dict[str, Any]) -> str | None:
     if cov["mode"] == "NONE" or not cov["ceiling"]:
         return f"decode ran without CUDA graphs (cudagraph_mode {cov['mode']})"
     c = cov["outside"][0]
-    return (f"decode outside CUDA graphs at batch {c}: {c} x (k+1={cov['query_len']}) = {c * cov['query_len']} tokens "
-            f"> capture ceiling {cov['ceiling']} ({cov['mode']}); raise max_cudagraph_capture_size or lower the depth")
+    q, top = (cov.get("by_batch") or {}).get(str(c), (cov["query_len"], cov["ceiling"]))
+    return (f"decode outside CUDA graphs at batch {c}: {c} x (k+1={q}) = {c * q} tokens "
+            f"> capture ceiling {top} ({cov['mode']}); raise max_cudagraph_capture_size or lower the depth")

@@ -146,7 +146,7 @@ def measure(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Study
         spec = cand.engine_kwargs(cfg.settings).get("speculative_config") or {}
         batches = [x.concurrency for x in (cfg.load, *cfg.extra_loads) if x.kind in ("concurrency", "ramp")]
         m["cudagraph_decode"] = decode_coverage(raw["cudagraphs"], int(spec.get("num_speculative_tokens") or 0), batches,
-                                                raw.get("model_runner"))
+                                                raw.get("model_runner"), spec.get("num_speculative_tokens_per_batch_size"))
     if raw.get("model_runner"):  # as the engine reported it (autotune.core.runner)
         m["model_runner"] = raw["model_runner"]
     for level in cfg.extra_loads:
