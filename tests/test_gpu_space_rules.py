@@ -60,3 +60,28 @@ def test_without_such_flags_the_space_is_whole():
     _, space, _, notes = _flags("--max-num-seqs", "8")
     assert {"enable_adaptive_verification", "cudagraph_mode"} <= {p.name for p in space.params}
     assert not any("not searched" in n for n in notes)
+
+
+def test_a_medusa_or_mlp_speculator_drafter_is_said_to_be_unsearched_and_why(tmp_path):
+    """vLLM 0.33 removed medusa and mlp_speculator (issue 59: autotune's notes said they "run on V2
+    now"): such a drafter is not tried, and one line says why, naming its flag."""
+    import json
+
+    from autotune.core.candidate import model_configs
+    from autotune.core.drafters import unsearched
+    from autotune.run.vllm_touchpoints import RULES
+
+    for kind in ("medusa", "mlp_speculator"):
+        d = tmp_path / kind
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": kind, "architectures": ["MedusaModel"]}))
+        settings = Settings(model="fake-model", draft_model=str(d))
+        assert "draft_model" not in settings.available_models()
+        line, = unsearched(settings, model_configs)
+        assert line.startswith(f"--draft-model {d}: not searched: ") and "vLLM 0.33 removed it" in line
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    assert unsearched(Settings(model="fake-model", draft_model=str(plain)), model_configs) == []
+    said = " ".join(RULES["vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features"].values())
+    assert "run on V2 now" not in said and "removed both methods" in said

@@ -88,3 +88,51 @@ def test_search_says_the_knob_is_left_out_before_any_engine(tmp_path):
                               space="tests/data/fake_space.yaml", results=tmp_path / "res"))
     assert not any(x.name == "quantization" for x in p.space.params)
     assert any("quantization: not searched" in n and "already quantized (fp8" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_mtp_searches_the_depths_vllm_takes_for_the_models_mtp_layers(tmp_path, layers, vllm_may_inspect_models):
+    """vLLM refuses an MTP depth above the model's MTP layers (n_predict) that is no multiple of them
+    (issue 59: the gpu space searched 1..7 whatever the model). Each depth the fitted space offers is
+    built by vLLM's own SpeculativeConfig; with one layer every depth runs (it is reused)."""
+    from vllm.config import ParallelConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    from autotune.core.candidate import Settings
+    from test_gpu_space_valid import _DEEPSEEK_MTP
+
+    d = tmp_path / f"mtp{layers}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**_DEEPSEEK_MTP, "num_nextn_predict_layers": layers}))
+    gpu = load_space("gpu", platform="cuda", models={"mtp_layers", "draft_model"}, tags={"cuda"})
+    sp, notes = fit_to_target(gpu, str(d))
+    grid = sp.grid()
+    offered = sorted({c.params["num_speculative_tokens"] for c in grid if c.method == "mtp"})
+    others = sorted({c.params["num_speculative_tokens"] for c in grid if c.method == "ngram"})
+    assert others == list(range(1, 8))  # the other methods keep the space's range
+
+    def vllm_takes(k: int) -> bool:
+        args = EngineArgs(model=str(d), speculative_config={"method": "mtp", "num_speculative_tokens": k})
+        try:
+            args.create_speculative_config(args.create_model_config(), ParallelConfig())
+            return True
+        except ValueError as e:
+            assert "must be divisible by n_predict" in str(e)
+            return False
+
+    assert all(vllm_takes(k) for k in offered), offered
+    if layers == 1:
+        assert offered == list(range(1, 8)) and notes == []
+    else:
+        assert offered == list(range(1, layers + 1))
+        assert notes == [f"num_speculative_tokens: mtp searches 1..{layers}, the model's {layers} MTP layers (vLLM takes "
+                         f"a deeper k only as a multiple of {layers}, reusing them)"]
+        assert not vllm_takes(layers + 1)  # what the space offered before, refused
+    # Optuna draws each method's depth from its own range under one name
+    import optuna
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(40):
+        c = sp.suggest(study.ask())
+        if c.method == "mtp":
+            assert c.params["num_speculative_tokens"] in offered

@@ -189,6 +189,10 @@ def prepare(o: SearchOptions) -> Prepared:
     if refused:
         raise BadInput(refused)
     sp, target_notes = fit_to_target(sp, settings.model, tensor_parallel=flags.tensor_parallel_size)
+    from autotune.core.candidate import model_configs
+    from autotune.core.drafters import unsearched
+
+    target_notes += unsearched(settings, model_configs)
     target_notes += runner_lines([m for p in sp.params if p.name == "method" for m in p.values()],
                                  platform=platform, env=os.environ)
     fitted = fit_model(wl, model=settings.model, max_model_len=settings.max_model_len, tokenizer=settings.tokenizer,

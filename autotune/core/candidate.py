@@ -135,6 +135,12 @@ def model_has_mtp(model: str) -> bool:
     return _has(model, _MTP_KEYS)
 
 
+def mtp_layers(model: str) -> int | None:
+    """How many MTP layers the model's config declares (vLLM's ``n_predict`` for its MTP draft), or None."""
+    counts = [c[k] for c in model_configs(model) for k in _MTP_KEYS if isinstance(c.get(k), int) and c[k] > 0]
+    return max(counts) if counts else None
+
+
 def model_is_moe(model: str) -> bool:
     """Whether the model has mixture-of-experts layers (vLLM's CPU int8 weight-only quantizes only those)."""
     return _has(model, _MOE_KEYS)

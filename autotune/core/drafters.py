@@ -32,6 +32,15 @@ DSPARK_ARCHS = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel", "Gemma4DSparkModel")
 PARALLEL_TOKENS = ("pard_token", "ptd_token_id", "mask_token_id")
 # methods a drafter's config may name that the spaces do not search (vLLM runs them; autotune has no knob set)
 UNSEARCHED = ("medusa", "mlp_speculator", "mtp")
+# ... and why, in one line each. vLLM 0.33.0 removed medusa and mlp_speculator (its SpeculativeMethod
+# lists neither; such a drafter would be loaded as a plain draft model and fail).
+WHY_UNSEARCHED = {
+    "medusa": "a Medusa head: autotune searches no medusa method (vLLM 0.32 runs it on Model Runner V1; "
+              "vLLM 0.33 removed it)",
+    "mlp_speculator": "an MLPSpeculator: autotune searches no mlp_speculator method (vLLM 0.32 runs it on Model "
+                      "Runner V1; vLLM 0.33 removed it)",
+    "mtp": "a model's own MTP layers: give the target itself (--model), whose MTP layers the gpu space searches",
+}
 
 
 def drafter_method(model: str, configs: list[dict[str, Any]]) -> str:
@@ -78,4 +87,16 @@ def drafters(settings: Any, configs_of: Any) -> dict[str, str]:
         said = drafter_method(str(model), configs_of(str(model)))
         method = given if said == "draft_model" else said
         out.setdefault(method, str(model))
+    return out
+
+
+def unsearched(settings: Any, configs_of: Any) -> list[str]:
+    """One line for each drafter the user gave whose config names a method the spaces do not search
+    (``WHY_UNSEARCHED``): it is not tried, and the line says why, rather than the space saying only
+    that the method its flag names needs a drafter."""
+    out = []
+    for attr in ("draft_model", "eagle_head", "eagle3_head"):
+        model = getattr(settings, attr, None)
+        if model and (said := drafter_method(str(model), configs_of(str(model)))) in WHY_UNSEARCHED:
+            out.append(f"--{attr.replace('_', '-')} {model}: not searched: {WHY_UNSEARCHED[said]}")
     return out

@@ -21,7 +21,8 @@ from typing import Any
 
 V1, V2 = "v1", "v2"
 ENV = "VLLM_USE_V2_MODEL_RUNNER"
-# vLLM 0.32's _get_v2_model_runner_unsupported_features, its speculative part.
+# vLLM 0.32's _get_v2_model_runner_unsupported_features, its speculative part (0.33 removed the
+# medusa and mlp_speculator methods themselves, and keeps suffix and custom_class on V1).
 V2_UNSUPPORTED_METHODS = ("suffix", "medusa", "mlp_speculator", "custom_class")
 NATIVE_PARALLEL = ("dflash", "dspark")  # parallel drafting through their own V2 speculators
 

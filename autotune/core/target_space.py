@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.core.candidate import model_configs
+from autotune.core.candidate import model_configs, mtp_layers
 from autotune.core.space import Param, SearchSpace
 
 DRAFTED = ("draft_model", "eagle", "eagle3")  # methods whose draft is a model of its own (not mtp: the target's layers)
@@ -48,6 +48,8 @@ def fit_to_target(space: SearchSpace, model: str, *, tensor_parallel: int = 1) -
         notes.append(f"quantization: not searched: {model} is already quantized ({q}, its config's "
                      "quantization_config), and vLLM serves it so")
     methods = next((p.choices or () for p in params if p.name == "method"), ())
+    params, mtp_note = _mtp_depths(params, model, methods)
+    notes += mtp_note
     honoured = tuple(m for m in methods if m in HONOURED)
     if tensor_parallel > 1 and honoured and not any(p.name == "draft_tensor_parallel_size" for p in params):
         params.append(Param("draft_tensor_parallel_size", choices=(tensor_parallel, 1), when={"method": honoured}))
@@ -61,3 +63,28 @@ def fit_to_target(space: SearchSpace, model: str, *, tensor_parallel: int = 1) -
     if not notes:
         return space, []
     return replace(space, params=tuple(params), baseline=baseline), notes
+
+
+def _mtp_depths(params: list[Param], model: str, methods: tuple) -> tuple[list[Param], list[str]]:
+    """MTP's depths from the model's MTP layers (vLLM's ``n_predict``): vLLM refuses a depth above
+    n_predict that is no multiple of it (``SpeculativeConfig.__post_init__``: "must be divisible by
+    n_predict"). With one layer every depth runs (the layer is reused); with n > 1 layers MTP searches
+    1..n, each draft token from a layer of its own, as the model was trained. The depth knob is split
+    in two of one name, each active for its own methods (Optuna takes an int range of another span
+    under one name; only its log scale must agree)."""
+    n = mtp_layers(model) if "mtp" in methods else None
+    k = next((p for p in params if p.name == "num_speculative_tokens" and p.int_range is not None
+              and "mtp" in p.when.get("method", ())), None)
+    if n is None or n < 2 or k is None or k.int_range[1] <= n:
+        return params, []
+    lo, hi = k.int_range
+    others = tuple(m for m in k.when["method"] if m != "mtp")
+    mtp = replace(k, int_range=(min(lo, n), n), step=None, when={**k.when, "method": ("mtp",)})
+    out: list[Param] = []
+    for p in params:
+        if p is k:
+            out += ([replace(k, when={**k.when, "method": others})] if others else []) + [mtp]
+        else:
+            out.append(p)
+    return out, [f"num_speculative_tokens: mtp searches {min(lo, n)}..{n}, the model's {n} MTP layers (vLLM takes a "
+                 f"deeper k only as a multiple of {n}, reusing them)"]

@@ -83,7 +83,9 @@ RULES: dict[str, dict[str, str]] = {
         "d07e196a9d34": "0.33.0: the Triton fall-back now skips an unspecified platform; on CUDA and CPU as in 0.32.0"},
     "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features": {
         "bb1738fccb3a": "0.32.0",
-        "5c297de1b40e": "0.33.0: medusa and mlp_speculator run on V2 now; autotune offers neither, suffix stays on V1"},
+        "5c297de1b40e": "0.33.0: medusa and mlp_speculator are gone from it because 0.33.0 removed both methods "
+                        "(SpeculativeMethod lists neither); autotune offers neither (core.drafters says so of such a "
+                        "drafter), suffix stays on V1"},
     "vllm.v1.spec_decode.draft_model:DraftModelProposer._raise_if_draft_tp_mismatch": {"e5c5590ddd44": "0.32.0"},
     "vllm.config.speculative:SpeculativeConfig._verify_and_get_draft_tp": {
         "d13c618332ee": "0.32.0",

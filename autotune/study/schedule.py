@@ -264,7 +264,8 @@ def next_step(study: Any, view: StudyView, space: Any, max_model_len: int | None
         _note(study, "not needed", f"the pick ({choice.trial.user_attrs.get(attrs.LABEL)}) has no depth to schedule")
         return None
     levels, primary = levels_of(view), levels_of(view)[0]
-    depths = next((p.values() for p in space.params if p.name == "num_speculative_tokens"), ())
+    # the pick's own depth knob (a space may hold one per method: MTP's from the model's layers)
+    depths = next((p.values() for p in space.params if p.name == "num_speculative_tokens" and p.active(pick)), ())
     family = _family(view, pick)
     tried = {int(attrs.candidate(t).get("num_speculative_tokens") or 0) for t in trials if attrs.role(t) == attrs.DEPTH}
     models = _models(view, max_model_len)
