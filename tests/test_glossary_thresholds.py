@@ -18,7 +18,8 @@ ROW = re.compile(r"^\| `([\w.]+)` \| ([^|]+) \| [^|]+ \| `(autotune/[\w/]+\.py)`
 THRESHOLD_MODULES = ("autotune/measure/config.py", "autotune/measure/resolution.py", "autotune/measure/intervals.py",
                      "autotune/measure/sequential.py", "autotune/measure/metrics.py", "autotune/study/select.py",
                      "autotune/study/holdout.py", "autotune/gate/confirm.py", "autotune/serve/served.py",
-                     "autotune/forecast/forecast.py", "autotune/forecast/policy.py", "autotune/results/charts.py")
+                     "autotune/forecast/forecast.py", "autotune/forecast/policy.py", "autotune/results/charts.py",
+                     "autotune/measure/coalescing.py")
 
 
 def rows(text: str) -> list[tuple[str, str, str]]:

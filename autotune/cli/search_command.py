@@ -113,8 +113,9 @@ def search(
     repeats: Annotated[int, typer.Option(min=1, help="Measured windows per trial (median and MAD reported).")] = 2,
     max_repeats: Annotated[int, typer.Option(min=0, help="Re-measure a candidate whose throughput spread (MAD) is "
                                                         "over 3%, up to this many windows in all (0: never).")] = 4,
-    slo: Annotated[Optional[str], typer.Option(help="SLOs as constraints, e.g. 'ttft_ms_p95<=500,tpot_ms_p50<=40'; "
-                                                    "a config that misses one is never on the Pareto front.")] = None,
+    slo: Annotated[Optional[str], typer.Option(help="SLOs as constraints, e.g. 'ttft_ms_p95<=500,e2e_ms_p50<=2000'; "
+                                                    "a config that misses one is never on the Pareto front (a TPOT "
+                                                    "or ITL bound only where the stream timed tokens).")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured warm-up requests per engine.")] = 2,
     trial_timeout: Annotated[Optional[float], typer.Option(
         min=1, help="Seconds before a trial is ended and failed. Default: 600, and for trials after the baseline at "
