@@ -138,6 +138,7 @@ def test_search_places_workers_times_tensor_parallel_on_a_faked_gpu_host(tmp_pat
     from autotune.run import gpu_memory
 
     monkeypatch.setattr(hardware, "detect", lambda: "cuda")  # a GPU host, faked: no GPU here
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")  # "fake-model" is no model to fetch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     checked = []  # the memory preflight (NVML, tests/test_gpu_memory.py) sees each worker's devices and T
     monkeypatch.setattr(gpu_memory, "preflight", lambda envs, util, devices: checked.append((envs, devices)))

@@ -174,15 +174,21 @@ def prepare(o: SearchOptions) -> Prepared:
     extra_loads = level_loads(levels, load, extra_loads)
     platform = hardware.detect()
     settings = _settings(o, platform)
-    from autotune.cli.serving import apply_serving_flags
+    from autotune.cli.serving import apply_serving_flags, parse_serving_flags
     from autotune.core.runner import needs as runner_needs, runner_lines
+
+    flags = parse_serving_flags(o, settings)
+    if ENGINE == "autotune.run.engine":  # the models' configs before the space reads them (the FAKE engine loads none)
+        from autotune.run import model_fetch
+
+        model_fetch.configs_first(settings, flags.values)
 
     sp = load_space(o.space or ("gpu" if platform == "cuda" else "cpu"), platform=platform,
                     models=settings.available_models() | _workload_needs(wl) | runner_needs(platform, os.environ),
                     tags=hardware.platform_tags(platform))
     from autotune.core.target_space import fit_to_target
 
-    settings, sp, flags, flag_notes = apply_serving_flags(o, settings, sp)
+    settings, sp, flags, flag_notes = apply_serving_flags(o, settings, sp, flags)
     from autotune.core.structured import tool_refusal
 
     refused = tool_refusal(wl.requests, flags.values, o.instrument)

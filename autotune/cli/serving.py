@@ -10,16 +10,25 @@ from rich.markup import escape
 from autotune.core.serving_flags import ServingFlags, collisions, fixed_values, flag
 
 
-def apply_serving_flags(o: Any, settings: Any, space: Any) -> tuple[Any, Any, ServingFlags, list[str]]:
-    """Parse ``o.serve_flags`` / ``o.serve_config`` with vLLM's parser (BadInput, exit 2, on a flag it
-    refuses or one that collides: autotune.core.serving_flags.collisions), remove the knobs they fix
-    from ``space``, and fix them in ``settings``; with the lines to show before the study starts."""
+def parse_serving_flags(o: Any, settings: Any) -> ServingFlags:
+    """``o.serve_flags`` / ``o.serve_config`` read by vLLM's parser (BadInput, exit 2, on a flag it refuses)."""
     if not o.serve_flags and o.serve_config is None:
-        return settings, space, ServingFlags(), []
-    from autotune.core.space import without
+        return ServingFlags()
     from autotune.run.serving_flags import parse
 
-    flags = parse(settings.model, list(o.serve_flags), o.serve_config)
+    return parse(settings.model, list(o.serve_flags), o.serve_config)
+
+
+def apply_serving_flags(o: Any, settings: Any, space: Any, flags: ServingFlags | None = None
+                        ) -> tuple[Any, Any, ServingFlags, list[str]]:
+    """The serving flags (``flags``, or parsed from ``o``: ``parse_serving_flags``) applied: BadInput
+    (exit 2) on one that collides (autotune.core.serving_flags.collisions), the knobs they fix removed
+    from ``space`` and fixed in ``settings``; with the lines to show before the study starts."""
+    flags = parse_serving_flags(o, settings) if flags is None else flags
+    if not flags.values:
+        return settings, space, flags, []
+    from autotune.core.space import without
+
     knobs = {p.name for p in space.params}
     collisions(flags, knobs)  # BadInput for a flag autotune owns or duplicates
     fixed = fixed_values(flags, knobs)

@@ -81,7 +81,7 @@ def _offline() -> bool:
     return bool(hf.HF_HUB_OFFLINE)
 
 
-def _hub(role: str, name: str, *, revision: str | None, cache_dir: str | None) -> Ready:
+def _hub(role: str, name: str, *, revision: str | None, cache_dir: str | None, weights: bool = True) -> Ready:
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -94,10 +94,12 @@ def _hub(role: str, name: str, *, revision: str | None, cache_dir: str | None) -
         return Ready(role, name, path, _size(Path(path)), "HF cache")
     t0 = time.monotonic()
     try:
-        files = HfApi().list_repo_files(name, revision=revision)
-        weights = weight_patterns(files, lambda: Path(hf_hub_download(name, INDEX, revision=revision,
-                                                                         cache_dir=cache_dir)).read_text())
-        path = snapshot_download(name, revision=revision, cache_dir=cache_dir, allow_patterns=[*weights, *SMALL])
+        patterns: list[str] = []
+        if weights:
+            files = HfApi().list_repo_files(name, revision=revision)
+            patterns = weight_patterns(files, lambda: Path(hf_hub_download(name, INDEX, revision=revision,
+                                                                              cache_dir=cache_dir)).read_text())
+        path = snapshot_download(name, revision=revision, cache_dir=cache_dir, allow_patterns=[*patterns, *SMALL])
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise BadInput(f"{role} {name}: neither a local folder nor a model the Hugging Face hub gives ({why})") from None
@@ -105,9 +107,11 @@ def _hub(role: str, name: str, *, revision: str | None, cache_dir: str | None) -
     return Ready(role, name, path, _size(Path(path)), f"ready in {int(took // 60)}m{int(took % 60):02d}s")
 
 
-def fetch(settings: Any, flags: dict[str, Any] | None = None) -> list[Ready]:
+def fetch(settings: Any, flags: dict[str, Any] | None = None, *, weights: bool = True) -> list[Ready]:
     """The target, draft and heads of ``settings`` on this machine (see the module docstring);
-    ``flags``: the user's serving flags (their ``revision``, ``download_dir``)."""
+    ``flags``: the user's serving flags (their ``revision``, ``download_dir``). ``weights=False``: only
+    the small files (config.json, tokenizer), which the search space and the prompts' check read
+    before any weight is fetched (``configs_first``)."""
     flags = flags or {}
     out = []
     for role, name in (("target", settings.model), ("draft", settings.draft_model),
@@ -118,8 +122,17 @@ def fetch(settings: Any, flags: dict[str, Any] | None = None) -> list[Ready]:
             out.append(Ready(role, name, name, _size(Path(name)), "local folder"))
             continue
         out.append(_hub(role, name, revision=flags.get("revision") if role == "target" else None,
-                        cache_dir=flags.get("download_dir")))
+                        cache_dir=flags.get("download_dir"), weights=weights))
     return out
+
+
+def configs_first(settings: Any, flags: dict[str, Any] | None = None) -> None:
+    """Before the search space is resolved: each hub id's config.json and tokenizer files in the cache,
+    where autotune.core.candidate.model_configs reads them (a pre-quantized target, MTP layers, a
+    P-EAGLE head, each drafter's method) and the prompts' lengths are checked. Without it a first run
+    with hub ids resolved another space than the second (issue 59); the weights come after
+    (``fetch``). A local folder is read as it is; offline, a hub id not cached is bad input here."""
+    fetch(settings, flags, weights=False)
 
 
 def weight_bytes(ready: list[Ready]) -> int:
