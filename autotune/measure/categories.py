@@ -18,6 +18,9 @@ summed over every request. Two per-request sources instead:
   ngram k=3: 1.0-1.4 tokens a step against vLLM's 2.8 per drafted step). And two biases, small at
   low load: a step cut short by ``max_tokens`` or a stop string counts fewer tokens than were
   accepted, and when the client falls behind vLLM merges several steps' deltas into one chunk.
+  Where that happened to more than a few tokens (autotune.measure.coalescing's rule, on the
+  category's requests in that window) neither the steps nor TPOT of that window count: TPOT is the
+  median over the windows that timed tokens, NaN (not measured) where none did.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from autotune.measure.acceptance import acceptance
+from autotune.measure.coalescing import step_tokens, stream_coalesced
 from autotune.measure.metrics import complete, ratio_interval, request_latency
 
 # Per-category metrics (medians over windows) and the direction of their speedup ratio.
@@ -38,9 +42,12 @@ def _p50_ms(values: list[float]) -> float:
     return float(np.percentile(np.asarray(values) * 1000.0, 50)) if values else float("nan")
 
 
-def window_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One window's records of one category: counts, rates and latencies, step sizes."""
+def window_metrics(records: list[dict[str, Any]], *, step: int | None = None) -> dict[str, Any]:
+    """One window's records of one category: counts, rates and latencies, step sizes. Where their stream
+    delivered tokens in bursts (autotune.measure.coalescing.stream_coalesced; ``step``: the most tokens an
+    engine step gives a request) no TPOT and no step sizes: a burst merges steps."""
     done = [r for r in records if complete(r)]
+    timed = stream_coalesced(done, step=step) is None
     tokens, busy, ttft, tpot, e2e, steps = 0, 0.0, [], [], [], []
     per_request = [r.get("spec_decode") for r in done]
     for r in done:
@@ -49,16 +56,16 @@ def window_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
         ttft.append(first)
         e2e.append(last)
         busy += last
-        if per_token is not None:
+        if per_token is not None and timed:
             tpot.append(per_token)
-        steps += [c[1] for c in r["chunks"][1:]]
+        steps += [c[1] for c in r["chunks"][1:]] if timed else []
     return {
         "requests": len(records), "completed": len(done), "output_tokens": tokens,
         # Each request's own rate, pooled: tokens over the summed time its requests were in flight.
         # At concurrency 1 this is what the category alone gets; under load, the rate a user of it sees.
         "output_tok_s": tokens / busy if busy > 0 else float("nan"),
         "ttft_ms_p50": _p50_ms(ttft), "tpot_ms_p50": _p50_ms(tpot), "e2e_ms_p50": _p50_ms(e2e),
-        "steps": steps,
+        "steps": steps, "coalesced": not timed,
         # vLLM's per-request acceptance, where every completed request has it
         "spec_decode": per_request if per_request and all(per_request) else None,
     }
@@ -102,9 +109,12 @@ def by_category(windows: list[dict[str, Any]], categories: dict[str, str], k: in
     names = list(dict.fromkeys(categories.values()))
     out: dict[str, dict[str, Any]] = {}
     for name in names:
-        per = [window_metrics([r for r in w["requests"] if categories.get(r["id"]) == name]) for w in windows]
+        per = [window_metrics([r for r in w["requests"] if categories.get(r["id"]) == name], step=_step(w, k))
+               for w in windows]
         m: dict[str, Any] = {key: float(np.median([p[key] for p in per])) for key in
-                             ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50")}
+                             ("output_tok_s", "ttft_ms_p50", "e2e_ms_p50")}
+        timed = [p["tpot_ms_p50"] for p in per if not p["coalesced"]]  # a window in bursts timed no token
+        m["tpot_ms_p50"] = float(np.median(timed)) if timed else float("nan")
         m["output_tok_s_windows"] = [p["output_tok_s"] for p in per]  # for the speedup's interval
         m["requests"] = per[0]["requests"]  # every window replays the same requests
         m["completed"] = sum(p["completed"] for p in per)
@@ -117,6 +127,13 @@ def by_category(windows: list[dict[str, Any]], categories: dict[str, str], k: in
                      acceptance_source="stream" if k != 0 else None)
         out[name] = m
     return out
+
+
+def _step(window: dict[str, Any], k: int | None) -> int | None:
+    """The most tokens an engine step gives a request: from the window's counters where they say
+    (autotune.measure.coalescing.step_tokens), else 1 + ``k`` (None: no fixed depth)."""
+    step = step_tokens(window.get("spec_counters"))
+    return step if step is not None else None if k is None else 1 + k
 
 
 def _ratio(a: Any, b: Any) -> float:
