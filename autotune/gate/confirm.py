@@ -280,9 +280,11 @@ def _round(st: _Setup, n: int, side: str, *, ready_timeout_s: float, bench_timeo
                     ready_s=round(server.ready_s, 2), started=started,
                     result_file=f"{CONFIRM_DIR}/{pass_name(f'{tag}.json', 1)}", server_log=f"{CONFIRM_DIR}/{tag}.log",
                     bench_log=f"{CONFIRM_DIR}/{tag}.bench.log", passes=len(data["pass_tok_s"]),
-                    pass_tok_s=data["pass_tok_s"])
+                    pass_tok_s=data["pass_tok_s"], tpot_not_measured=data.get("tpot_not_measured"))
+    tpot = ("tpot not measured: bursts" if r.tpot_not_measured else "no tpot" if r.tpot_ms_p50 is None
+            else f"tpot p50 {r.tpot_ms_p50:.1f} ms")
     say(f"confirm round {n} {side}: {r.output_tok_s:.1f} output tok/s over {r.duration_s:.1f} s in {r.passes} "
-        f"pass(es) (tpot p50 {r.tpot_ms_p50 or float('nan'):.1f} ms; server ready in {r.ready_s:.0f} s)")
+        f"pass(es) ({tpot}; server ready in {r.ready_s:.0f} s)")
     return r
 
 

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from autotune.serve.bench_client import _num, _scaled, read_bench
+from autotune.measure.coalescing import stream_coalesced
+from autotune.serve.bench_client import _num, _scaled, bench_requests, read_bench
 from autotune.serve.served import served_line
 
 CONFIRM_DIR = "confirm"  # under the results folder: scripts, dataset, server logs, bench results
@@ -44,29 +45,44 @@ class RoundResult:
     bench_log: str
     passes: int = 1
     pass_tok_s: tuple[float, ...] = ()  # each pass's output tok/s
+    # why tpot_ms_p50 is None: every pass's stream delivered tokens in bursts (autotune.measure.coalescing)
+    tpot_not_measured: str | None = None
 
 
 def read_passes(files: list[Path], *, expected: int) -> dict[str, Any]:
     """One server's passes (``vllm bench serve --save-result`` JSONs, each checked complete) as one
     result: output tok/s = every pass's output tokens over every pass's seconds; medians of the
-    latencies; the acceptance over every pass."""
+    latencies; the acceptance over every pass. TPOT only from the passes whose stream timed tokens
+    (``coalesced_pass``); where none did, ``tpot_not_measured`` says why."""
     runs = [read_bench(f, expected=expected) for f in files]
+    bursts = [coalesced_pass(r) for r in runs]
+    timed = [r for r, why in zip(runs, bursts) if why is None]
     tokens = sum(float(r.get("total_output_tokens") or r["output_throughput"] * r["duration"]) for r in runs)
     seconds = sum(float(r.get("duration") or 0.0) for r in runs)
 
-    def med(key: str, scale: float = 1.0) -> float | None:
-        vals = [_scaled(r.get(key), scale) for r in runs]
+    def med(key: str, scale: float = 1.0, of: list[dict[str, Any]] = runs) -> float | None:
+        vals = [_scaled(r.get(key), scale) for r in of]
         vals = [v for v in vals if v is not None]
         return float(statistics.median(vals)) if vals else None
 
     return {"output_throughput": tokens / seconds if seconds > 0 else float(runs[0]["output_throughput"]),
             "duration": seconds, "completed": sum(int(r["completed"]) for r in runs),
-            "median_tpot_ms": med("median_tpot_ms"), "median_ttft_ms": med("median_ttft_ms"),
+            "median_tpot_ms": med("median_tpot_ms", of=timed), "median_ttft_ms": med("median_ttft_ms"),
+            "tpot_not_measured": None if timed else f"tokens reached the client in bursts ({len(runs)} of "
+                                                    f"{len(runs)} passes)",
             "median_e2el_ms": med("median_e2el_ms"),
             # vllm bench serve reports the acceptance rate in percent
             "acceptance_rate": med("spec_decode_acceptance_rate", 0.01),
             "acceptance_length": med("spec_decode_acceptance_length"),
             "pass_tok_s": tuple(float(r["output_throughput"]) for r in runs)}
+
+
+def coalesced_pass(data: dict[str, Any]) -> str | None:
+    """Why one pass's stream did not time its tokens (autotune.measure.coalescing.stream_coalesced on its
+    requests' chunk times, read from ``--save-detailed``), or None where it did or cannot be judged (a result
+    saved without per-request detail keeps its TPOT, as before the rule)."""
+    requests = bench_requests(data)
+    return None if requests is None else stream_coalesced(requests)
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -75,8 +91,11 @@ def _median(xs: list[float | None]) -> float | None:
 
 
 def _side_summary(rounds: list[RoundResult]) -> dict[str, Any]:
+    unmeasured = [r for r in rounds if r.tpot_ms_p50 is None and r.tpot_not_measured]
     return {"output_tok_s": _median([r.output_tok_s for r in rounds]),
-            "tpot_ms_p50": _median([r.tpot_ms_p50 for r in rounds]),
+            "tpot_ms_p50": _median([r.tpot_ms_p50 for r in rounds]),  # the rounds whose streams timed tokens
+            "tpot_not_measured": f"tokens reached the client in bursts in every pass of {len(rounds)} round(s)"
+            if rounds and len(unmeasured) == len(rounds) else None,
             "ttft_ms_p50": _median([r.ttft_ms_p50 for r in rounds]),
             "e2e_ms_p50": _median([r.e2e_ms_p50 for r in rounds]),
             "acceptance_rate": _median([r.acceptance_rate for r in rounds]),
