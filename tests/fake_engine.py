@@ -39,6 +39,9 @@ The baseline's decodes (a job's ``drift``) are its own paths, each log-prob ``DE
 over the same lossless config is noise alone). ``AUTOTUNE_FAKE_STATE`` (tests/machine_noise.py) puts each
 instance on the machine's persistent state instead, a speculative config moving more than the baseline,
 and ``AUTOTUNE_FAKE_TRUE`` (JSON, depth -> speedup) sets each depth's true speedup over the baseline.
+``AUTOTUNE_FAKE_BURSTS=1`` delivers each request's stream in a burst, as a client that fell behind reads
+it: every chunk after the first reaches it at the request's end, 1 us apart (the engine's steps, and so
+its counters and throughput, unchanged; TPOT and ITL then not measured: autotune.measure.coalescing).
 """
 
 from __future__ import annotations
@@ -303,4 +306,8 @@ def _window(job: dict[str, Any], cost: Any, drift: bool, phase: Any, scale: floa
                                                                  for p in range(1, burst)],
                 # speculating windows preempt AUTOTUNE_FAKE_PREEMPTIONS requests (drafts take KV room)
                 "vllm:num_preemptions": int(os.environ.get("AUTOTUNE_FAKE_PREEMPTIONS", "0")) if burst > 1 else 0}
+    if os.environ.get("AUTOTUNE_FAKE_BURSTS") == "1":  # a backlog read at once: later chunks 1 us apart at the end
+        for r in recs:
+            r["chunks"] = r["chunks"][:1] + [[r["end"] - (len(r["chunks"]) - 1 - j) * 1e-6, c[1]]
+                                             for j, c in enumerate(r["chunks"][1:], 1)]
     return {"window_s": t, "requests": recs, "spec_counters": counters}

@@ -14,7 +14,9 @@ from typing import Any
 from autotune.core.candidate import Candidate
 from autotune.measure.categories import by_category
 from autotune.measure.config import StudyConfig
+from autotune.measure.coalescing import step_tokens
 from autotune.measure.metrics import at_level, measure_run
+from autotune.measure.objectives import objective_values
 from autotune.core.records import Job, JobRequest, Measurement, RawRun
 from autotune.measure.slo import goodput
 from autotune.measure.every_token import judge_greedy
@@ -137,7 +139,9 @@ def unspeculated_job(job: Job) -> Job:
 def measure(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: StudyConfig) -> Measurement:
     """Every load level's metrics (``metric@level`` for the extra ones), goodput, and by category."""
     m = measure_run(raw)
-    m["goodput_windows"] = [goodput(w["requests"], cfg.slos) for w in raw["windows"]]
+    # a TPOT bound applies only in a window whose stream timed tokens (step: the most tokens a step gives)
+    m["goodput_windows"] = [goodput(w["requests"], cfg.slos, step=step_tokens(w.get("spec_counters")))
+                            for w in raw["windows"]]
     m["goodput"] = min(m["goodput_windows"])  # the worst window: an SLO must hold in every replay
     m["remeasured_windows"] = max(0, m["windows"] - cfg.repeats)
     if raw.get("cudagraphs"):  # on CUDA: did decode at the study's batch sizes x (k+1) run under graphs
@@ -206,11 +210,12 @@ def evaluate(raw: RawRun, requests: list[JobRequest], cand: Candidate, cfg: Stud
         v = judge(threshold)
     slos, missed = slo_constraints(m, cfg)
     constraints = {**dict(zip(CONSTRAINTS, v.constraints)), **slos}
-    values = [m[o] for o in cfg.objectives]
+    # a TPOT/ITL objective the stream did not time is left out (its worst value: it never wins), not a failure
+    values, left_out = objective_values(m, cfg.objectives)
     failure = None
     if m["incomplete"]:
         failure = f"incomplete run: {m['incomplete']} of {m['requests']} requests did not finish ({v.reason})"
-    elif any(not math.isfinite(x) for x in values):
+    elif any(not math.isfinite(x) for o, x in zip(cfg.objectives, values) if o not in left_out):
         failure = f"objective not measurable: {dict(zip(cfg.objectives, values))}"
     own = Reference(outputs, raw.get("samples") or {}, raw.get("scores") or {},
                     numerics=numerics.to_dict() if base is None else None)

@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.core import attrs
 from autotune.measure.intervals import UNIT_HOLDOUT, resolution
-from autotune.measure.objectives import direction
+from autotune.measure.objectives import STREAM_TIMED, direction, split_objective
 from autotune.measure.pairs import figure, holdout_interval, log_stats, pairs_needed, sequential_decision
 from autotune.study.holdout import GATE_MAX_ROUNDS, deployed_beside, rounds_done, view_pairs
 from autotune.study.view import StudyView
@@ -96,8 +96,17 @@ def gate_pairs(view: StudyView, pick: FrozenTrial | None, tolerance: float) -> d
         r, lo, hi, n = figure(oriented)
         mean, sd, m = log_stats(oriented)
         decision = sequential_decision(mean, sd, m, tolerance, final=final)  # gate_decision, on the stats at hand
+        if not pairs and _not_measured(view, pick, deployed, name):  # no data, nothing more rounds would decide
+            decision = NOT_MEASURED
         out["objectives"][name] = {"direction": dirn, "ratio": _num(r), "lo": _num(lo), "hi": _num(hi), "pairs": n,
                                    "log_mean": _num(mean), "log_sd": _num(sd), "final": final, "decision": decision,
                                    "pairs_needed": pairs_needed(sd, tolerance) if decision == "cannot tell"
                                    else None}
     return out
+
+
+def _not_measured(view: StudyView, pick: FrozenTrial, deployed: FrozenTrial, name: str) -> bool:
+    """Objective ``name`` (which no round gave a pair of) is a TPOT or ITL that the holdout rounds the two
+    ran side by side did not measure on one side or both: their streams delivered tokens in bursts
+    (autotune.measure.coalescing). More rounds of such streams would not decide it: it is not measured."""
+    return split_objective(name)[0].rsplit("_", 1)[0] in STREAM_TIMED and bool(view_pairs(view, pick, deployed))

@@ -15,7 +15,7 @@ from autotune.core import attrs
 from autotune.core.candidate import Candidate
 from autotune.measure.config import LOSSY_MIN_GAIN
 from autotune.measure.metrics import paired_interval, ratio_interval
-from autotune.measure.objectives import metric_key, parse_key, windows_key
+from autotune.measure.objectives import measured, metric_key, parse_key, windows_key
 from autotune.study.trials import feasible, is_schedule
 from autotune.study.view import StudyView
 
@@ -132,9 +132,11 @@ def speedup(m: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 
 def unit_speedup(m: dict[str, Any]) -> dict[str, Any]:
     """The speedup of a record of the baseline's own config: 1 by definition, whichever of its engines
-    (how far one instance of it ran from another is in its tok/s, never a speedup)."""
+    (how far one instance of it ran from another is in its tok/s, never a speedup); NaN for a TPOT its
+    stream did not time (autotune.measure.coalescing): not measured, so no ratio, not even 1."""
+    tpot = 1.0 if measured(m, "tpot_ms_p50") is not None else float("nan")
     out: dict[str, Any] = {"output_tok_s": 1.0, "output_tok_s_lo": 1.0, "output_tok_s_hi": 1.0,
-                           "output_tok_s_unit": BASELINE_ITSELF, "e2e_ms_p50": 1.0, "tpot_ms_p50": 1.0}
+                           "output_tok_s_unit": BASELINE_ITSELF, "e2e_ms_p50": 1.0, "tpot_ms_p50": tpot}
     out.update({k: 1.0 for k in m if k != "output_tok_s" and parse_key(k)[:2] == ("output_tok_s", "")})
     return out
 

@@ -17,7 +17,8 @@ from autotune.core.candidate import Candidate
 from autotune.measure.config import Progress, StudyConfig
 from autotune.run.evaluate import CONSTRAINTS, Evaluation, Reference, evaluate, slo_constraints, trial_job
 from autotune.forecast.forecast import Forecast
-from autotune.measure.metrics import pool
+from autotune.measure.metrics import pool, unresolved_latency
+from autotune.measure.objectives import objective_values
 from autotune.study.optuna_private import heartbeat, set_trial_attr
 from autotune.core.space import SearchSpace
 from autotune.study.trials import SCHEDULE_KEY, counts, trial_dir
@@ -127,9 +128,33 @@ def run_one(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Can
                    f"{trial.user_attrs[attrs.REMEASURE_OF]}: {summary}")
     elif attrs.role(trial) == attrs.HOLDOUT:  # never pooled: the figure's pairs, after the choice
         summary = f"holdout round {trial.user_attrs.get(attrs.ROUND)}, not pooled: {summary}"
-    if forecast is not None:  # read after the tell: the trial as told, the baseline's record as it is now
-        summary += "; " + _against(StudyView.of(study), trial.number, forecast)
+    told = StudyView.of(study)  # read after the tell: the trial as told, the baseline's record as it is now
+    if forecast is not None:
+        summary += "; " + _against(told, trial.number, forecast)
     progress.trial_finished(n, cand.label, summary)
+    if (line := left_out_once(told, n, cfg)) is not None:
+        progress.note(line)
+
+
+def left_out_once(view: StudyView, number: int, cfg: StudyConfig) -> str | None:
+    """Said once a study, at its first complete trial (by number) with a TPOT or ITL objective or SLO its
+    stream did not time (autotune.measure.coalescing): which, why, and what the pick rests on instead;
+    None for any other trial. Such an objective is told as its worst value, an SLO as met (objective_values,
+    autotune.measure.slo): numbers from no data, never shown."""
+    def unmeasured(t: FrozenTrial) -> tuple[list[str], list[str]]:
+        if t.state != TrialState.COMPLETE:
+            return [], []
+        m = attrs.measurement(t)
+        return objective_values(m, cfg.objectives)[1], [s.text for s in cfg.slos if objective_values(m, [s.metric])[1]]
+    objectives, slos = unmeasured(view.trial(number))
+    if not (objectives or slos) or any(any(unmeasured(o)) for o in view.trials if o.number < number):
+        return None  # measured, or an earlier trial said it
+    names = ", ".join(dict.fromkeys([*objectives, *(s.metric for s in cfg.slos if s.text in slos)]))
+    why = " (tokens reached the client in bursts)" if unresolved_latency(attrs.measurement(view.trial(number))) else ""
+    ranked = ", ".join(o for o in cfg.objectives if o not in objectives) or "none measured: every trial ties"
+    where = ([f"the objectives (the pick rests on {ranked})"] if objectives else []) + \
+        ([f"--slo {', '.join(slos)}"] if slos else [])
+    return f"latency: {names} not measured{why}: left out of {' and '.join(where)}"
 
 
 def _pruner(view: StudyView, cfg: StudyConfig, cand: Candidate, trial: optuna.Trial, forecast: Forecast | None,
@@ -182,8 +207,9 @@ def pooled(ev: Evaluation, before: FrozenTrial, cfg: StudyConfig) -> Evaluation:
     for key, value in earlier.items():
         constraints[key] = max(constraints.get(key, value), value)
     slos, missed = slo_constraints(m, cfg)
-    return replace(ev, measurement=m, values=[m[o] for o in cfg.objectives], constraints={**constraints, **slos},
-                   slo_missed=missed)
+    # a TPOT/ITL objective neither instance's stream timed gets its worst value (objective_values)
+    return replace(ev, measurement=m, values=objective_values(m, cfg.objectives)[0],
+                   constraints={**constraints, **slos}, slo_missed=missed)
 
 
 def _record(study: optuna.Study, view: StudyView, trial: optuna.Trial, cand: Candidate, outcome: TrialOutcome,
