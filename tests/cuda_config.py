@@ -52,7 +52,46 @@ class FakeHopper(CudaPlatform):
         return 1
 
 
+def fake_cuda(architectures: list[str] = ()) -> None:
+    """This process's vLLM as the CUDA build on an H100, for config code: what must be imported under
+    the CPU platform first is, then the platform is switched. ``architectures``: inspected first
+    (vLLM's model-info cache; under the faked platform the inspection of an EAGLE/MTP draft would
+    import the CUDA build's flash-attention extensions, which the CPU wheel lacks). The model loader
+    is imported first for the same reason (fp8 quantization's config imports it, and its attention
+    modules ask the platform at import)."""
+    from vllm.model_executor.models import registry
+
+    # in this process, under the CPU platform, rather than one vLLM import per architecture
+    # (vLLM's own subprocess: seconds each, on every run that starts from an empty cache)
+    registry._run_in_subprocess = lambda fn: fn()
+    for arch in architectures:
+        assert registry.ModelRegistry._try_inspect_model_cls(arch) is not None, arch
+    import vllm.model_executor.model_loader  # noqa: F401 - imported under the CPU platform (see above)
+
+    platforms._current_platform = FakeHopper()
+    vllm_config.HAS_TRITON = True  # the CUDA build has Triton: vLLM chooses its runner as on a GPU
+    speculative.has_arctic_inference = lambda: True  # suffix: its config values are what is checked
+
+
+def check(src: str, dst: str, architectures: str = "") -> None:
+    """autotune.run.config_check over the engine arguments in ``src`` (a JSON list) under the faked
+    CUDA platform; records to ``dst``, and the vLLM that built them on the last stdout line."""
+    fake_cuda([a for a in architectures.split(",") if a])
+    import vllm
+
+    from autotune.run import config_check
+
+    config_check.main([src, dst])
+    print(json.dumps({"vllm": vllm.__version__, "from": vllm.__file__,
+                      "platform": type(platforms.current_platform).__name__}))
+
+
 def main(path: str, platform: str = "cuda") -> None:
+    # The model loader under the CPU platform first: vLLM's model-info cache imports it when it saves an
+    # inspection (an empty cache, as on a fresh machine), and under the faked platform its attention
+    # modules would import the CUDA build's flash-attention extensions.
+    import vllm.model_executor.model_loader  # noqa: F401
+
     # set before vLLM's engine modules are imported: some bind the platform when they load
     platforms._current_platform = FakeHopper() if platform == "cuda" else CpuPlatform()
     vllm_config.HAS_TRITON = True  # the CUDA build has Triton: vLLM chooses its runner as on a GPU
@@ -86,4 +125,7 @@ def main(path: str, platform: str = "cuda") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1] == "--check":
+        check(*sys.argv[2:5])
+    else:
+        main(*sys.argv[1:3])
