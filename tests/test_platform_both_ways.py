@@ -94,9 +94,11 @@ def test_the_predict_studys_row_count_follows_the_platform(faked_cpu):
     assert len(space.grid()) == len(plain.grid()) * len(_kv_choices(space))
 
 
-def test_search_says_why_fp8_kv_is_left_out(faked_cpu, tmp_path):
+def test_search_says_why_fp8_kv_is_left_out(faked_cpu, tmp_path, monkeypatch):
     """What `autotune search` prints before any trial: the choices the platform rules out, with why."""
     from autotune.cli.search import SearchOptions, prepare
+
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")  # "fake-model" is no model to fetch
 
     p = prepare(SearchOptions(workload=Path("examples/smoke.jsonl"), model="fake-model", draft_model="fake-draft",
                               space="quick", results=tmp_path))

@@ -165,9 +165,11 @@ def study_report(view: StudyView, frame: Any, *, settings: Any, platform: dict[s
         "schedule": schedule,
         "warm_start": ua.get(attrs.WARM_START),
         # How candidates were chosen, and why the strategy stopped before the budget (if it did).
+        # Each drafter's trace over the baseline (the forecasts' input): where it ran and how long, or why not.
         "strategy": {"name": ua.get(attrs.STRATEGY), "stopped": _stopped(view, pick), "candidates": len(view.finished),
-                     "draft_trace": {k: v for k, v in (ua.get(attrs.DRAFT_TRACE) or {}).items() if k != "argmax"}
-                     or None},
+                     **{name: {k: v for k, v in (ua.get(key) or {}).items() if k not in ("argmax", "traces")} or None
+                        for name, key in (("draft_trace", attrs.DRAFT_TRACE), ("eagle3_trace", attrs.EAGLE3_TRACE),
+                                          ("dflash_trace", attrs.DFLASH_TRACE))}},
     }
     return clean(report)
 
