@@ -83,7 +83,7 @@ print('\n'.join(['--candidates', str(p['trials'])] + [w for t in p['tries'] for 
 
 step "every candidate of the space at config, and the plan"
 expect "space '$SPACE' as autotune search resolves it here, every candidate built by vLLM's own config code on this platform (on a GPU: CUDA), none refused, none built otherwise than it asks (graph mode, verification, runner); then the trials to run"
-check plan "$WL" --out "$OUT/plan.json" --space "$SPACE" $([ "$PLATFORM" = cuda ] && echo --dtype bfloat16) "${MODEL_ARGS[@]}"
+VLLM_LOGGING_LEVEL=ERROR check plan "$WL" --out "$OUT/plan.json" --space "$SPACE" $([ "$PLATFORM" = cuda ] && echo --dtype bfloat16) "${MODEL_ARGS[@]}"
 
 step "the launcher: preload, self-check, fork"
 expect "'launcher: ready (platform $PLATFORM)' and a forked worker (on CUDA: torch.cuda not initialised by the preload, a forked probe reached the GPU)"

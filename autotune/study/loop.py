@@ -191,10 +191,8 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
         if base is not None and not view.waiting:
             if line := ensure_eagle3_trace(study, view, space, cfg, env=env):
                 progress.note(line)
-            if needs_trace(space, cfg.settings) and \
-                    (failure := trace_draft(study, view, space, cfg, env, cfg.results_dir)):
-                progress.note(f"draft trace failed: {failure}; draft_model candidates are measured without a "
-                              f"forecast (worker log: {cfg.results_dir / 'draft-trace' / 'worker.log'})")
+            if needs_trace(space, cfg.settings):
+                _trace_draft(study, view, space, cfg, env, progress)
             view = StudyView.of(study)  # the traces just kept (if any) are what the forecasts read
             # Once the strategy stopped, its stop stands for this run (a resumed study plans again:
             # autotune.study.opening): the selection rounds' engines refine the records, and a forecast
@@ -248,6 +246,10 @@ def _work(study: optuna.Study, cfg: StudyConfig, workload: Workload, space: Sear
             if line := ensure_eagle3_trace(study, view, space, cfg, cand.params, env=env):
                 progress.note(line)
             view = StudyView.of(study)  # the trace just kept (if any) is what the forecast reads
+        if not is_base and cand.method == "draft_model" and attrs.DRAFT_TRACE not in view.user_attrs \
+                and needs_trace(space, cfg.settings):  # a draft_model trial asked for (--try) before any planning
+            _trace_draft(study, view, space, cfg, env, progress)
+            view = StudyView.of(study)
         run_one(study, view, trial, cand, workload, space, cfg, progress, is_base, env=env, stop=stop)
         if is_base and (after := StudyView.of(study)).baseline is None:
             reason = after.trial(trial.number).user_attrs.get(attrs.FAILURE, "unknown")
@@ -295,3 +297,8 @@ def _leave_out(study: optuna.Study, trial: optuna.Trial, cand: Candidate, cfg: S
     return True
 
 
+def _trace_draft(study: Any, view: StudyView, space: Any, cfg: StudyConfig, env: dict[str, str], progress: Any) -> None:
+    """The draft's trace over the baseline (autotune.study.strategy.trace_draft), its failure said once."""
+    if failure := trace_draft(study, view, space, cfg, env, cfg.results_dir):
+        progress.note(f"draft trace failed: {failure}; draft_model candidates are measured without a "
+                      f"forecast (worker log: {cfg.results_dir / 'draft-trace' / 'worker.log'})")
