@@ -35,11 +35,12 @@ def test_default_page_fits_ten_minutes():
     assert r.exit_code == 0, r.output
     shown = re.findall(r"^│ (--[a-z0-9-]+)", r.stdout, flags=re.M)
     assert "--help-all" in shown and "--candidates" in shown and "--trials" not in shown and "--warmup" not in shown
-    # what a GPU user needs on day one (issue 52), within the page's 20 options
+    # what a GPU user needs on day one (issue 52), within the page's 24 options (issue 60)
     assert {"--dtype", "--max-model-len", "--gpu-memory-utilization", "--time-budget", "--levels"} <= set(shown)
-    assert len(shown) <= 20, shown
+    assert len(shown) <= 24, shown
     assert len(r.stdout.splitlines()) <= 80
-    assert [t for t in re.findall(r"^╭─ (.+?) ─", r.stdout, flags=re.M) if t != "Arguments"] == list(PANELS)
+    titles = [t for t in re.findall(r"^╭─ (.+?) ─", r.stdout, flags=re.M) if t != "Arguments"]
+    assert titles == [t for t in PANELS if t in titles] and len(titles) >= 5, titles  # PANELS' order
 
 
 def test_every_option_has_a_panel_and_help_all_shows_the_hidden_ones():

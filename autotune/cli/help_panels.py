@@ -22,37 +22,44 @@ OUTPUT = "Output and storage"
 HELP = "Help"
 PANELS = (WORKLOAD, MODEL, SEARCH, MEASUREMENT, CORRECTNESS, OUTPUT, HELP)
 
-# Each search option's panel, by parameter name. DAY_ONE are shown by the default --help (at most 20
-# with --help and --help-all); the others are expert or benchmark knobs, listed by --help-all.
+# Each search option's panel, by parameter name. DAY_ONE are shown by the default --help (at most 24,
+# --help and --help-all among them); the others are expert or benchmark knobs, listed by --help-all.
 SEARCH_PANELS: dict[str, str] = {
     "format": WORKLOAD, "concurrency": WORKLOAD, "levels": WORKLOAD, "load": WORKLOAD,
     "turns": WORKLOAD, "output_len": WORKLOAD, "drop_too_long": WORKLOAD,
     "model": MODEL, "draft_model": MODEL, "eagle3_head": MODEL, "eagle_head": MODEL, "trust_remote_code": MODEL,
-    "max_model_len": MODEL, "dtype": MODEL, "gpu_memory_utilization": MODEL, "launcher": MODEL,
-    "serve_config": MODEL,
-    "config": SEARCH, "space": SEARCH, "candidates": SEARCH, "trials": SEARCH, "strategy": SEARCH, "try_": SEARCH, "resume": SEARCH,
-    "warm_start": SEARCH, "workers": SEARCH, "past_edge": SEARCH, "prune": SEARCH, "schedule": SEARCH,
-    "seed": SEARCH, "time_budget": SEARCH,
+    "max_model_len": MODEL, "dtype": MODEL, "gpu_memory_utilization": MODEL, "serve_config": MODEL,
+    "config": SEARCH, "space": SEARCH, "candidates": SEARCH, "trials": SEARCH, "strategy": SEARCH, "try_": SEARCH,
+    "resume": SEARCH, "warm_start": SEARCH, "workers": SEARCH, "seed": SEARCH, "time_budget": SEARCH,
+    # The switches that are on by default, together: their --no- forms take a column of their own, which
+    # leaves room at 80 columns beside short names only (Model's --gpu-memory-utilization is long, and
+    # Measurement's help cites benchmarks/data/served_gap*.json, a 32-character word).
+    "remeasure": SEARCH, "past_edge": SEARCH, "prune": SEARCH, "schedule": SEARCH, "launcher": SEARCH,
     "objectives": MEASUREMENT, "slo": MEASUREMENT, "instrument": MEASUREMENT, "repeats": MEASUREMENT,
-    "max_repeats": MEASUREMENT, "warmup": MEASUREMENT, "trial_timeout": MEASUREMENT, "remeasure": MEASUREMENT,
-    "pairs": MEASUREMENT,
+    "max_repeats": MEASUREMENT, "warmup": MEASUREMENT, "trial_timeout": MEASUREMENT, "pairs": MEASUREMENT,
     "max_drift": CORRECTNESS, "lossless_tolerance": CORRECTNESS, "max_logprob_drift": CORRECTNESS,
     "lossy_min_gain": CORRECTNESS, "allow_unverified": CORRECTNESS, "samples": CORRECTNESS,
     "sample_tokens": CORRECTNESS,
     "results": OUTPUT, "confirm": OUTPUT, "json_": OUTPUT, "study": OUTPUT, "storage": OUTPUT,
     "help_all_": HELP,
 }
-# What a GPU user needs on the first run is here (issue 52): the model's dtype, context and memory
-# share, the load levels, the time budget; --concurrency (one level: --levels N), --try, --slo and
-# --serve-config (flags after -- do the same) are on --help-all.
+# The default page (issue 60): every flag the README's, the demo's and docs' commands use (the study,
+# its results and storage, --resume, --warm-start, --try, --slo, --workers, the load --levels, the
+# budget in candidates and minutes, --confirm), the model flags a GPU user needs before the first
+# engine starts (dtype, context, memory share, remote code; issue 52) and the workload's format.
+# On --help-all: --concurrency (one level is --levels N), --config, --strategy, the correctness
+# bounds (the checks run with their defaults) and the measurement knobs. help_all_ and Click's help
+# make 24 (tests/test_search_help.py).
 DAY_ONE = frozenset({"format", "levels", "model", "draft_model", "eagle3_head", "trust_remote_code",
-                     "max_model_len", "dtype", "gpu_memory_utilization", "config", "space", "candidates", "strategy",
-                     "time_budget", "objectives", "max_drift", "results", "confirm", "help_all_"})
+                     "max_model_len", "dtype", "gpu_memory_utilization", "space", "candidates", "try_", "resume",
+                     "warm_start", "workers", "time_budget", "objectives", "slo", "results", "confirm", "study",
+                     "storage", "help_all_"})
 
 
 class PanelledCommand(TyperCommand):
     """A command whose options sit in the panels of SEARCH_PANELS, in PANELS' order; flags show no
-    `<bool>` type; options outside DAY_ONE are hidden from --help (shown by --help-all)."""
+    `<bool>` type, and those off by default no --no- form; options outside DAY_ONE are hidden from
+    --help (shown by --help-all)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -60,6 +67,18 @@ class PanelledCommand(TyperCommand):
             _place(p)
         order = {name: i for i, name in enumerate(PANELS)}
         self.params.sort(key=lambda p: order.get(getattr(p, "rich_help_panel", None) or "", -1))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        # A flag off by default shows its name alone: its --no- form (which turns off what a --config file
+        # turned on, and still parses) would take a column that leaves no room for names at 80 columns.
+        off = [(p, p.secondary_opts) for p in self.params if _off_by_default(p) and p.secondary_opts]
+        for p, _ in off:
+            p.secondary_opts = []
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            for p, opts in off:
+                p.secondary_opts = opts
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)
@@ -74,8 +93,12 @@ def _place(p: Any) -> None:
         p.hidden = p.name not in DAY_ONE
     if getattr(p, "is_flag", False):
         p.metavar = ""  # a flag takes no value: Typer would print <bool>
-        if p.default is False:
+        if _off_by_default(p):
             p.show_default = False  # "[default: no-json]" says only that a flag is off unless given
+
+
+def _off_by_default(p: Any) -> bool:
+    return bool(getattr(p, "is_flag", False)) and p.default is False
 
 
 def help_all(ctx: typer.Context, value: bool) -> None:
