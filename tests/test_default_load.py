@@ -56,15 +56,15 @@ def test_without_arrival_times_one_in_flight_is_said_with_the_levels_to_give(tmp
     # every figure names its load: each trial's line, and the pick's
     trials = [ln for ln in out.splitlines() if ln.startswith("trial ")]
     assert len(trials) == 2 and all(" concurrency=1: " in ln and "tok/s" in ln for ln in trials), trials
-    # --no-remeasure: no holdout, so no figure; the pick's measured ratio (its claim) names its load
-    assert "the baseline's output tok/s at concurrency=1, the selection phase's measured ratio" in next(
-        ln for ln in out.splitlines() if ln.startswith("claimed:"))
+    # --no-remeasure: no holdout, so no figure; the pick's measured ratio (what it was chosen on) names its load
+    assert "over the baseline's output tok/s at concurrency=1" in next(
+        ln for ln in out.splitlines() if ln.startswith("chosen on:"))
 
 
 def test_a_pick_that_loses_at_a_measured_level_says_so_in_its_line(tmp_path, monkeypatch, fake_engine_env):
     from rich.console import Console
 
-    from autotune.cli.present import search_summary
+    from autotune.cli.present import explain
 
     _, report = _search(tmp_path, monkeypatch, "examples/smoke.jsonl", "--levels", "1,4",
                         "--try", '{"method": "ngram", "num_speculative_tokens": 3}')
@@ -74,7 +74,7 @@ def test_a_pick_that_loses_at_a_measured_level_says_so_in_its_line(tmp_path, mon
 
     def best_line():
         say = Console(record=True, width=1000)
-        search_summary(say, report, tmp_path)
+        explain(say, report, tmp_path)
         return next(ln for ln in say.export_text().splitlines() if ln.startswith("best:"))
     line = best_line()
     assert line.endswith("; at concurrency=4 it is 0.83x the baseline's output tok/s: slower there"), line

@@ -57,7 +57,7 @@ def test_a_trial_measured_with_preemptions_is_flagged_in_its_line_and_trials_csv
                                                                                   fake_engine_env):
     monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     monkeypatch.setenv("AUTOTUNE_FAKE_PREEMPTIONS", "2")  # each speculating window preempts 2 requests
-    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("COLUMNS", "1000")  # each record whole on one line, to read it (a pipe wraps at 100)
     ngram = '{"method": "ngram", "num_speculative_tokens": 3, "kv_cache_dtype": "auto", "quantization": "none"}'
     r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--model", "fake-model", "--results", str(tmp_path),
                                  "--samples", "0", "--repeats", "1", "--space", "tests/data/fake_space.yaml",

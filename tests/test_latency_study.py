@@ -44,7 +44,7 @@ def _nightly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bursts: bool) -> t
     reaches k=4 (so its pick differs from the deployed config, measured beside it in the holdout), its
     runner-up within the selection band (so selection rounds pool fresh engines' records)."""
     monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
-    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("COLUMNS", "1000")  # each record whole on one line, to read it (a pipe wraps at 100)
     monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
     monkeypatch.setenv("AUTOTUNE_FAKE_TRUE", '{"2": 2.0, "3": 2.1, "4": 2.15}')
     if bursts:

@@ -37,7 +37,7 @@ def _study(out: Path, *extra: str) -> str:
         mp.setattr("autotune.cli.search.ENGINE", "fake_engine")
         r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--model", "fake-model", "--space",
                                      "tests/data/fake_five.yaml", "--results", str(out), "--samples", "0",
-                                     "--candidates", "6", "--study", "story", *extra])
+                                     "--candidates", "6", "--study", "story", "--explain", *extra])
     assert r.exit_code == 0, r.output
     return r.output
 
@@ -185,7 +185,8 @@ FIGURE = "2.71x [2.55-2.88] the baseline's output tok/s"
 
 def test_report_md_states_the_served_figure_and_its_resolution(confirmed):
     res, text = confirmed
-    assert FIGURE in text.splitlines()[-1]  # the console's last line: the best: line with the served figure
+    quote = [ln for ln in text.splitlines() if ln.startswith("quote:")][-1]  # the summary after confirm
+    assert "2.71x [2.55-2.88] over the baseline's output tok/s" in quote
     md = (res / "report.md").read_text()
     summary = md[:md.index("|")]  # before the trials table
     best = next(x for x in summary.splitlines() if x.startswith("**best:"))

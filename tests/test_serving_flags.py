@@ -28,7 +28,7 @@ params:
 def _search(tmp_path, monkeypatch, *args: str, flags: tuple[str, ...] = (), study: str = "s"):
     """`autotune search` through the CLI, trials on the FAKE engine."""
     monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
-    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("COLUMNS", "1000")  # each record whole on one line, to read it (a pipe wraps at 100)
     tmp_path.mkdir(exist_ok=True)
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)

@@ -224,7 +224,7 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
 
     monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")  # quiet windows: the 3 rounds of fresh engines a figure needs
-    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("COLUMNS", "1000")  # each record whole on one line, to read it (a pipe wraps at 100)
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "quick", "--trials", "30", "--model",
                             "fake-model", "--draft-model", "fake-draft", "--results", str(tmp_path), "--samples", "0",
                             "--repeats", "1", "--study", "p"])

@@ -26,7 +26,7 @@ def test_the_study_ends_within_its_time_budget_with_a_re_measured_pick(tmp_path,
     monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     monkeypatch.setenv("AUTOTUNE_FAKE_DELAY_S", "3")  # each fake trial takes >= 3 s
     monkeypatch.setenv("AUTOTUNE_FAKE_NOISE", "0")
-    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("COLUMNS", "1000")  # each record whole on one line, to read it (a pipe wraps at 100)
     (tmp_path / "space.yaml").write_text(SPACE)
     minutes, trials = 0.75, 20  # 20 trials of >= 3 s never fit in 45 s; a loaded machine still fits a pick and its holdout
     t0 = time.monotonic()

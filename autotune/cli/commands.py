@@ -96,6 +96,8 @@ def confirm(
                                            "starting each as a new process as users do.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the served numbers as JSON on stdout; "
                                                           "progress goes to stderr.")] = False,
+    explain_: Annotated[bool, typer.Option("--explain", help="After the summary, every served figure with its "
+                                                              "basis (and the claim against it).")] = False,
 ) -> None:
     """Serve the pick as exported (serve.sh) and the baseline the same way, measure both with vLLM's own
     `vllm bench serve` on the study's workload and load, and write the served speedup into best.json:
@@ -104,10 +106,12 @@ def confirm(
 
     Rounds run baseline and pick in ABBA order (baseline, pick | pick, baseline | ...), each on a new
     server instance warmed on a request outside the measured set, until --resolution; the served
-    speedup has a t-interval over the rounds, and claimed/served reads within 5%, consistent or differ
-    on its interval. Every server log and bench JSON goes to RESULTS/confirm/. Exit 1 if a server or
-    the client fails, 2 on bad input.
+    speedup has a t-interval over the rounds, and the claim against it reads within 5%, within the
+    served resolution, or differ (a gap wider than the rounds resolve, said plainly). A progress bar
+    shows the served figure as it forms (--verbose: one line a round). Every server log and bench JSON
+    goes to RESULTS/confirm/. Exit 1 if a server or the client fails, 2 on bad input.
     """
+    from autotune.cli.present import confirm_progress, print_summary
     from autotune.gate.check import parse_share
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
@@ -119,21 +123,24 @@ def confirm(
     folder = results.parent if results.name == "best.json" else results
     say = err if json_out else console
     try:
-        served = run_confirm(folder, rounds=rounds, resolution=parse_share(resolution, "--resolution"),
-                             max_s=max_minutes * 60, min_pass_s=min_pass_s, warmups=warmups, workload=workload,
-                             format=_workload_format(format), output_len=output_len, turns=_turns(turns),
-                             drop_too_long=drop_too_long, ready_timeout_s=ready_timeout, bench_timeout_s=bench_timeout,
-                             launcher=launcher,
-                             say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
+        with confirm_progress(say) as (lines, on_round):
+            served = run_confirm(folder, rounds=rounds, resolution=parse_share(resolution, "--resolution"),
+                                 max_s=max_minutes * 60, min_pass_s=min_pass_s, warmups=warmups, workload=workload,
+                                 format=_workload_format(format), output_len=output_len, turns=_turns(turns),
+                                 drop_too_long=drop_too_long, ready_timeout_s=ready_timeout,
+                                 bench_timeout_s=bench_timeout, launcher=launcher, say=lines, on_round=on_round)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/yellow] every server was ended; best.json is unchanged")
         raise typer.Exit(errors.INTERRUPTED) from None
     if json_out:
         print(json.dumps(served, indent=2))
         return
-    say.print(served_line(load_report(folder)), highlight=False, markup=False, soft_wrap=True)
-    say.print(f"results: {folder}/confirm/ (server logs and vllm bench serve JSON per round); best.json updated",
-              highlight=False)
+    report = load_report(folder)
+    print_summary(say, report, folder)
+    if explain_:
+        say.print(served_line(report), highlight=False, markup=False)
+    say.print(f"confirm's files: {folder}/confirm/ (each round's server log and vllm bench serve JSON)",
+              highlight=False, markup=False)
 
 
 @app.command(epilog="Examples:\n\n  autotune predict results/json_edit\n\n"

@@ -23,9 +23,9 @@ from autotune.core.formats import FORMATS
 console = Console()
 err = Console(stderr=True)
 _verbose = False  # --verbose, set by the app's callback; read through verbose()
-# Piped, or in a CI log, Rich would wrap at 80 columns mid-record ("e2e p50\n505 ms"); there a
-# line is as long as its record (COLUMNS, where set, still wins).
-PIPE_WIDTH = 1000
+# Piped, or in a CI log, Rich would take 80 columns; there lines wrap at 100, at a word, so that a log
+# reads as a terminal does (issue 60: a log's lines ran to 436 characters). COLUMNS, where set, wins.
+PIPE_WIDTH = 100
 
 WorkloadFormat = Enum("WorkloadFormat", {f.replace("-", "_"): f for f in FORMATS}, type=str)  # type: ignore[misc]
 WorkloadFormat.__doc__ = "The workload file formats autotune reads (autotune.core.formats)."
@@ -125,7 +125,7 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 def _fit(c: Console) -> None:
-    """A terminal's own width; elsewhere (a pipe, a file, a CI log) lines that do not wrap."""
+    """A terminal's own width; elsewhere (a pipe, a file, a CI log) 100 columns."""
     columns = os.environ.get("COLUMNS", "")
     c.width = int(columns) if columns.isdigit() else (None if c.is_terminal else PIPE_WIDTH)  # type: ignore[assignment]
 

@@ -40,7 +40,7 @@ SEARCH_PANELS: dict[str, str] = {
     "max_drift": CORRECTNESS, "lossless_tolerance": CORRECTNESS, "max_logprob_drift": CORRECTNESS,
     "lossy_min_gain": CORRECTNESS, "allow_unverified": CORRECTNESS, "samples": CORRECTNESS,
     "sample_tokens": CORRECTNESS,
-    "results": OUTPUT, "confirm": OUTPUT, "json_": OUTPUT, "study": OUTPUT, "storage": OUTPUT,
+    "results": OUTPUT, "confirm": OUTPUT, "json_": OUTPUT, "explain_": OUTPUT, "study": OUTPUT, "storage": OUTPUT,
     "help_all_": HELP,
 }
 # The default page (issue 60): every flag the README's, the demo's and docs' commands use (the study,

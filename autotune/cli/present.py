@@ -5,12 +5,14 @@ inspection summary) and never runs anything.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from autotune.results.text import claim_line, edge_line, headline, schedule_line, stopped_line
@@ -41,11 +43,10 @@ class RichProgress:
             self.p.update(self.task, description=f"{self.label} [dim]{text}")
 
     def trial_finished(self, number: int, label: str, summary: str) -> None:
-        # soft_wrap: a trial is one line, however long its failure reason (a log greps by trial).
+        # wrapped at the console's width (at most 100 columns in a log): a trial's line starts "trial N"
         if self.load and summary[:1].isdigit():  # a figure names the load it was measured at
             summary = f"{self.load}: {summary}"
-        self.p.console.print(f"trial {number:>3} {label:<40} {summary}", highlight=False, markup=False,
-                             soft_wrap=True)
+        self.p.console.print(f"trial {number:>3} {label:<40} {summary}", highlight=False, markup=False)
         if self.logs is not None and summary.startswith("failed"):
             from autotune.study.trials import trial_dir
             from autotune.run.worker import WORKER_LOG
@@ -54,17 +55,16 @@ class RichProgress:
         self.p.advance(self.task)
 
     def note(self, text: str) -> None:
-        self.p.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        self.p.console.print(text, highlight=False, markup=False)
 
     def _show_log(self, path: Path) -> None:
         try:
             lines = path.read_text(errors="replace").splitlines()[-WORKER_LOG_TAIL:]
         except OSError as e:
             lines = [f"(not readable: {e.strerror})"]
-        self.p.console.print(f"  worker log: {path} (last {len(lines)} lines)", highlight=False, markup=False,
-                             soft_wrap=True)
+        self.p.console.print(f"  worker log: {path} (last {len(lines)} lines)", highlight=False, markup=False)
         for line in lines:
-            self.p.console.print(f"  | {line}", style="dim", highlight=False, markup=False, soft_wrap=True)
+            self.p.console.print(f"  | {line}", style="dim", highlight=False, markup=False)
 
 
 def verdict_text(v: dict[str, Any]) -> str:
@@ -151,30 +151,80 @@ def category_table(entry: dict[str, Any]) -> Table:
     return t
 
 
-def search_summary(say: Console, report: dict[str, Any], out: Path) -> None:
-    """The end of `autotune search`: the front, the pick by category, the pick and where it all is."""
+def print_summary(say: Console, report: dict[str, Any], out: Path, *, confirming: bool = False) -> None:
+    """The short summary a run ends with (autotune.results.summary): at most 12 lines, none wider than
+    the terminal or 100 columns, each figure once, the one to quote on its ``quote:`` line."""
+    from autotune.results.summary import summary
+
+    width = say.width if say.width else 100
+    say.print(f"{'── ' + report.get('study', 'study') + ' ':─<{min(width, 100)}}", highlight=False, markup=False)
+    for line in summary(report, out, width=width, confirming=confirming, max_lines=11):  # 12 with the rule above
+        say.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+class ConfirmBar:
+    """Confirm as progress, not a log: one bar over confirm's time (or its --rounds), its label the
+    round and the served figure so far with its resolution against the target (gate.served_rounds.standing)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.p = progress
+        self.task = progress.add_task("confirm: starting the first server", total=1.0)
+
+    def __call__(self, st: dict[str, Any]) -> None:
+        figure = "served: -" if st["speedup"] is None else f"served {st['speedup']:.2f}x"
+        if st["lo"] is not None:
+            figure += f" [{st['lo']:.2f}-{st['hi']:.2f}] +-{st['resolution']:.0%} (target +-{st['target']:.0%})"
+        if st["rounds"]:
+            done = st["pairs"] / st["rounds"]
+        else:
+            done = max(st["elapsed_s"] / st["max_s"] if st["max_s"] else 0.0, st["pairs"] / st["max_rounds"])
+        self.p.update(self.task, completed=min(done, 1.0),
+                      description=f"confirm round {st['round']} ({st['side']} done): {figure}")
+
+
+@contextmanager
+def confirm_progress(say: Console) -> Iterator[tuple[Any, Any]]:
+    """(lines, on_round) for autotune.gate.confirm.confirm: with --verbose every round's lines and no
+    bar; else a bar (ConfirmBar), and of the lines only the one that says why confirm stopped."""
+    from autotune.cli.edge import verbose
+
+    def line(text: str) -> None:
+        say.print(text, highlight=False, markup=False)
+
+    if verbose():
+        yield line, None
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20), TimeElapsedColumn())
+    with Progress(*columns, console=say, transient=True) as progress:
+        bar = ConfirmBar(progress)
+        yield (lambda text: line(text) if text.startswith("confirm: stopped") else None), bar
+
+
+def explain(say: Console, report: dict[str, Any], out: Path) -> None:
+    """`--explain`: every figure with its basis, as before the summary (the front, the claim, the
+    resolution, the edges, the schedule, the pick by category); docs/reading-the-output.md reads each."""
     say.print(pareto_table(report))
     if stopped := stopped_line(report):
-        say.print(stopped, highlight=False, markup=False, soft_wrap=True)
+        say.print(stopped, highlight=False, markup=False)
     if (report.get("best") or {}).get("speedup_by_category"):
         say.print(category_table(report["best"]))
     if report.get("best"):
         b = report["best"]
-        say.print(headline(report), highlight=False, markup=False, soft_wrap=True)
+        say.print(headline(report), highlight=False, markup=False)
         if claim := claim_line(report):
-            say.print(claim, highlight=False, markup=False, soft_wrap=True)
+            say.print(claim, highlight=False, markup=False)
         if report.get("lossless_first"):
             say.print(f"lossless first: {report['lossless_first']['reason']}", highlight=False)
         for e in report.get("edge") or []:
-            say.print(edge_line(e, b["label"]), highlight=False, soft_wrap=True)
+            say.print(edge_line(e, b["label"]), highlight=False)
         if report.get("resolution"):
             from autotune.measure.resolution import Resolution
 
-            say.print(Resolution(**report["resolution"]).line(), highlight=False, soft_wrap=True)
+            say.print(Resolution(**report["resolution"]).line(), highlight=False)
         if report.get("schedule"):
-            say.print(schedule_line(report["schedule"]), highlight=False, soft_wrap=True)
+            say.print(schedule_line(report["schedule"]), highlight=False)
         if (report.get("started") or {}).get("mixed"):
-            say.print(f"engines: {report['started']['mixed']}", highlight=False, soft_wrap=True)
+            say.print(f"engines: {report['started']['mixed']}", highlight=False)
         say.print(f"serve it: {out / 'serve.sh'}", highlight=False)
     say.print(f"results: {out}/ (trials.csv, trials.parquet, pareto.csv, best.json, serve.sh, report.md); "
               f"plots: autotune report {out}", highlight=False)

@@ -266,7 +266,7 @@ def run_search(o: SearchOptions, say: Console, *, verbose: bool = False) -> dict
     from autotune.study.plan import plan_of
 
     study_plan = plan_of(p.cfg, deployed=deployed is not None, confirm_rounds=MAX_ROUNDS if o.confirm else 0)
-    say.print(study_plan.line(), highlight=False, soft_wrap=True)
+    say.print(study_plan.line(), highlight=False)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=say, transient=True) as progress:

@@ -18,7 +18,7 @@ from autotune.cli.help_panels import PanelledCommand, choices, help_all
 from autotune.core import errors
 from autotune.core.formats import FORMATS
 from autotune.measure.config import HOLDOUT_PAIRS, LOSSY_MIN_GAIN
-from autotune.cli.present import search_summary
+from autotune.cli.present import explain, print_summary
 from autotune.run.launcher import held as launcher_held
 
 
@@ -180,6 +180,9 @@ def search(
                                           "the served speedup is the pick's figure.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the results (best.json) as JSON on stdout; "
                                                        "progress goes to stderr.")] = False,
+    explain_: Annotated[bool, typer.Option("--explain", help="After the summary, every figure with its basis: "
+                                                             "the Pareto front, the claim, the resolution, the "
+                                                             "edges, the schedule (report.md has them too).")] = False,
     serve_config: Annotated[Optional[Path], typer.Option(
         metavar="FILE", help="Your `vllm serve` flags as YAML (as `vllm serve --config` reads it); "
                              "flags after -- win.")] = None,
@@ -226,33 +229,35 @@ def search(
             raise typer.Exit(errors.INTERRUPTED) from None
         out = opts.results / report["study"]
         if not json_:
-            search_summary(say, report, out)
+            if explain_:
+                explain(say, report, out)
+            print_summary(say, report, out, confirming=confirm)
         if confirm and report.get("best"):
-            report = _confirm_after_search(out, opts, say, show=not json_)
+            report = _confirm_after_search(out, opts, say, show=not json_, explain_=explain_)
     if json_:
         print(json.dumps(report, indent=2))
     if not report.get("best"):
         raise typer.Exit(errors.FAILED)
 
 
-def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool) -> dict[str, Any]:
-    """`search --confirm`: serve the pick and the baseline (autotune confirm); the updated report."""
+def _confirm_after_search(out: Path, opts: Any, say: Console, *, show: bool, explain_: bool = False) -> dict[str, Any]:
+    """`search --confirm`: serve the pick and the baseline (autotune confirm) behind a progress bar
+    (--verbose: a line a round), then the summary again, its figure the served one; the updated report."""
+    from autotune.cli.present import confirm_progress
     from autotune.gate.confirm import confirm as run_confirm
     from autotune.core.study_report import load_report
-    from autotune.results.text import headline
     from autotune.serve.served import served_line
 
     try:
-        run_confirm(out, workload=opts.workload, format=opts.format, output_len=opts.output_len, turns=opts.turns,
-                    drop_too_long=opts.drop_too_long, launcher=opts.launcher,
-                    say=lambda line: say.print(line, highlight=False, markup=False, soft_wrap=True))
+        with confirm_progress(say) as (lines, on_round):
+            run_confirm(out, workload=opts.workload, format=opts.format, output_len=opts.output_len, turns=opts.turns,
+                        drop_too_long=opts.drop_too_long, launcher=opts.launcher, say=lines, on_round=on_round)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/yellow] the study's results are written; servers ended")
         raise typer.Exit(errors.INTERRUPTED) from None
     report = load_report(out)
     if show:
-        say.print(served_line(report), highlight=False, markup=False, soft_wrap=True)
-        say.print(headline(report), highlight=False, markup=False, soft_wrap=True)
+        if explain_:
+            say.print(served_line(report), highlight=False, markup=False)
+        print_summary(say, report, out)
     return report
-
-

@@ -48,6 +48,7 @@ from typing import Any
 
 from autotune.core.errors import BadInput
 from autotune.gate.served_rounds import (CONFIRM_DIR, SECTION, SIDES, RoundResult, read_passes, served_figure,
+                                        standing,
                                         served_numbers,
                                         update_markdown, write_failure)
 from autotune.measure.intervals import abba
@@ -293,7 +294,7 @@ def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: f
             warmups: int = DEFAULT_WARMUPS, workload: Any = None, format: str = "auto", output_len: int | None = None,
             turns: str | None = None, drop_too_long: bool = False, python: str | None = None,
             ready_timeout_s: float = READY_TIMEOUT_S, bench_timeout_s: float = BENCH_TIMEOUT_S, launcher: bool = True,
-            say: Say | None = None) -> dict[str, Any]:
+            say: Say | None = None, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Serve the pick (``serve.sh``) and the baseline in rounds in ABBA order, a new server each,
     measure each with ``vllm bench serve`` (passes until ``min_pass_s`` measured seconds), and write
     the served numbers into best.json, with the pick's figure from them: the served rounds are the
@@ -306,7 +307,9 @@ def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: f
 
     ``workload``: a ``Workload``, a path, or None for best.json's ``workload``; ``format``,
     ``output_len``, ``turns`` and ``drop_too_long`` read it as `autotune search` did. ``python``:
-    the interpreter for the launcher (default ``$AUTOTUNE_PYTHON`` or this one). Returns the
+    the interpreter for the launcher (default ``$AUTOTUNE_PYTHON`` or this one). ``say``: each round's
+    lines (a log); ``on_round``: after each round, where confirm stands (``standing``: a progress
+    bar's numbers). Returns the
     ``served`` object now under ``best`` in best.json. Raises BadInput for results that cannot be
     confirmed, ServeFailed (exit 1) when a server or the client fails; best.json then records the
     failure under ``best.served.failure``.
@@ -342,6 +345,8 @@ def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: f
                 for side in abba(n, SIDES):  # ABBA: a drift over the run weighs on both sides alike
                     done.append(_round(st, n, side, ready_timeout_s=ready_timeout_s, bench_timeout_s=bench_timeout_s,
                                        forked=forked, min_pass_s=min_pass_s, say=say))
+                    if on_round is not None:
+                        on_round(standing(done, rule, time.monotonic() - t0))
                 tps = {s: [r.output_tok_s for r in sorted(done, key=lambda r: r.round) if r.side == s] for s in SIDES}
                 stopped = rule.stop(tps["pick"], tps["baseline"], time.monotonic() - t0, first)
     except ServeFailed as e:

@@ -58,5 +58,5 @@ class Sequential:
             return f"the cap of {self.max_rounds} rounds, resolution {said} (target +-{self.target:.0%})"
         if self.max_s is not None and elapsed_s + 2 * max(0.0, elapsed_s - start_s) / n > self.max_s:
             return (f"two more rounds would pass {self.max_s:g} s, resolution {said} (target +-{self.target:.0%}; "
-                    "--max-minutes for more)")
+                    "autotune confirm --max-minutes for more)")
         return None

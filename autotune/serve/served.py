@@ -19,8 +19,29 @@ def _fmt(x: float, lo: float | None, hi: float | None) -> str:
 
 
 AGREE_WITHIN = 0.05  # claimed/served inside 1 +- this, its whole interval, is agreement within 5%
-# The claimed/served verdict, decided on the interval (never the point ratio): its first word.
-WITHIN, CONSISTENT, DIFFER = f"within {AGREE_WITHIN:.0%}", "consistent", "differ"
+# The claimed/served verdict's first word (``gap``). Never "consistent": a 1.49 gap whose wide interval
+# still held 1 was called that (issue 60), and a user reads a 49% gap.
+WITHIN, RESOLVED, DIFFER, UNTOLD = f"within {AGREE_WITHIN:.0%}", "within the served resolution", "differ", "cannot tell"
+CONSISTENT = "consistent"  # what confirm wrote before issue 60 (an interval holding 1); still read
+
+
+def gap(ratio: float, lo: float, hi: float, resolution: float | None) -> tuple[str, str]:
+    """(the first word, why) of a claim against a figure measured after the choice, ``ratio`` = claim /
+    figure with its interval: ``within 5%`` where the whole interval lies inside 1 +- 5%; ``differ``
+    where the interval excludes 1, or where the point gap is wider than the figure resolves (a plain
+    difference, however wide the interval); within the resolution where the point gap is not; with no
+    resolution and an interval holding 1, ``cannot tell``."""
+    side = "above" if ratio > 1 else "below"
+    if 1 - AGREE_WITHIN <= lo and hi <= 1 + AGREE_WITHIN:
+        return WITHIN, f"the interval lies inside 1 +- {AGREE_WITHIN:.0%}"
+    if not lo <= 1 <= hi:
+        return DIFFER, f"the interval excludes 1: the claim lies {side} the served figure"
+    if resolution is not None and abs(ratio - 1) > resolution:
+        return DIFFER, (f"the claim lies {abs(ratio - 1):.0%} {side} the served figure, more than the served "
+                        f"rounds resolve (+-{resolution:.0%}); the interval still holds 1")
+    if resolution is not None:
+        return RESOLVED, f"the gap is within the served rounds' +-{resolution:.0%}"
+    return UNTOLD, "the interval holds 1 and the served figure has no resolution of its own"
 
 
 def claim_ratio(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None]
@@ -36,18 +57,12 @@ def claim_ratio(served: tuple[float, float | None, float | None], claimed: tuple
 
 def verdict(served: tuple[float, float | None, float | None], claimed: tuple[float, float | None, float | None],
             *, resolution: float | None = None, rounds: int | None = None) -> str:
-    """One line, decided on the claimed/served interval: ``within 5%`` when it lies inside 1 +- 5%,
-    ``consistent`` when it contains 1 (the two cannot be told apart at this resolution),
-    ``differ`` when it excludes 1; with the interval and confirm's own resolution (the relative
-    half-width of the served interval over ``rounds``). A point ratio near 1 with a wide interval
-    is no agreement, and overlapping intervals alone are none either."""
+    """One line: the claim against the served figure by ``gap``'s rule, with the claimed/served
+    interval and confirm's own resolution (the relative half-width of the served interval over
+    ``rounds``). A point ratio near 1 with a wide interval is no agreement, and a wide gap whose
+    interval holds 1 is no agreement either."""
     r, lo, hi = claim_ratio(served, claimed)
-    if 1 - AGREE_WITHIN <= lo and hi <= 1 + AGREE_WITHIN:
-        word, why = WITHIN, f"the interval lies inside 1 +- {AGREE_WITHIN:.0%}"
-    elif lo <= 1 <= hi:
-        word, why = CONSISTENT, "the interval contains 1: no difference can be told"
-    else:
-        word, why = DIFFER, f"the interval excludes 1: the claim lies {'above' if r > 1 else 'below'} the served figure"
+    word, why = gap(r, lo, hi, resolution)
     res = (f"confirm resolves +-{resolution:.0%}" if resolution is not None else "confirm has no interval of its own")
     res += f" over {rounds} served round(s) a side" if rounds else ""
     return (f"{word}: claimed {_fmt(claimed[0], *claimed[1:])} (the study's), served {_fmt(served[0], *served[1:])}: "

@@ -1,0 +1,116 @@
+"""A result read in one minute (issue 60): the demo's study and confirm through the CLI, trials on the
+FAKE engine (tests/fake_engine.py) and confirm's servers the FAKE launcher (tests/test_confirm.py), at
+COLUMNS=100. After the study and again after confirm, one summary: at most 12 lines, none over 100
+characters, each speedup printed once, the figure to quote on its ``quote:`` line (after the study with
+--confirm: not yet, and the ratio the pick was chosen on, labelled as that evidence); confirm is a bar,
+not a log (--verbose: a line a round); no line of the whole console over 100 characters. The summary's
+rows on saved real results (benchmarks/data): a claim that differs from the served figure by more than
+it resolves says so plainly, never "consistent"."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli.app import app
+from autotune.results.summary import MAX_LINES, summary
+from test_confirm import fake  # noqa: F401 - the FAKE launcher fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+LABELS = ("pick:", "quote:", "claimed:", "chosen on:", "correct:", "not told:", "serve:", "more:", "result:")
+SPEEDUP = re.compile(r"\d+\.\d+x")
+
+
+def _blocks(text: str, study: str) -> list[list[str]]:
+    """Each summary as printed: its rule (``── study ───``) and the rows under it."""
+    lines, out = text.splitlines(), []
+    for i, ln in enumerate(lines):
+        if ln.startswith(f"── {study} ─"):
+            block = [ln]
+            for row in lines[i + 1:]:
+                if not (row.startswith(LABELS) or row.startswith(" " * 11)):
+                    break
+                block.append(row)
+            out.append(block)
+    return out
+
+
+def _demo(tmp_path, monkeypatch, fake, *extra: str):  # noqa: F811
+    """The demo's command (scripts/demo.sh) through the CLI, trials on the FAKE engine."""
+    monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("AUTOTUNE_PYTHON", fake.python)  # confirm's servers and clients: the FAKE launcher
+    r = CliRunner().invoke(app, ["search", "examples/json_edit.jsonl", "--space", "quick", "--candidates", "8",
+                                 "--study", "demo", "--model", "fake-model", "--draft-model", "fake-draft",
+                                 "--results", str(tmp_path), "--samples", "0", "--no-launcher", *extra])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def _check_block(block: list[str]) -> str:
+    assert len(block) <= MAX_LINES, "\n".join(block)
+    assert max(map(len, block)) <= 100, "\n".join(block)
+    text = " ".join(block)
+    found = SPEEDUP.findall(text)
+    assert len(found) == len(set(found)), ("a speedup printed twice", found, "\n".join(block))
+    (quote,) = [ln for ln in block if ln.startswith("quote:")]
+    return quote
+
+
+def test_the_demos_study_and_confirm_end_in_one_short_summary_each(tmp_path, monkeypatch, fake, fake_engine_env):
+    text = _demo(tmp_path, monkeypatch, fake, "--confirm")
+    assert max(map(len, text.splitlines())) <= 100, max(text.splitlines(), key=len)
+    first, second = _blocks(text, "demo")
+    # after the study, before confirm: no figure yet, and the ratio it was chosen on, said to be that
+    quote = _check_block(first)
+    assert "not yet: the figure comes from confirm's served rounds" in quote
+    chosen = " ".join(ln for ln in first if ln.startswith(("chosen on:", " ")))
+    assert SPEEDUP.search(chosen) and "the evidence it was chosen on, not its figure" in chosen
+    # after confirm: the served figure quoted, with what it rests on
+    quote = _check_block(second)
+    report = json.loads((tmp_path / "demo" / "best.json").read_text())
+    sv = report["best"]["served"]
+    assert f"{sv['speedup']:.2f}x [{sv['speedup_lo']:.2f}-{sv['speedup_hi']:.2f}]" in quote
+    assert "served:" in " ".join(second) and "rounds a side of vllm serve + vllm bench serve" in " ".join(second)
+    assert any(ln.startswith("serve:") and ln.split()[1] == "bash" for ln in second)
+    # confirm as a bar: no line a round, the stop said once; the verdict never "consistent"
+    assert "confirm round 1 " not in text and text.count("confirm: stopped after ") == 1
+    assert "consistent" not in text
+
+
+def test_verbose_shows_confirms_rounds(tmp_path, monkeypatch, fake, fake_engine_env):
+    text = _demo(tmp_path, monkeypatch, fake, "--confirm", "--candidates", "2")
+    assert "confirm round 1 " not in text
+    monkeypatch.setattr("autotune.cli.edge._verbose", False)
+    r = CliRunner().invoke(app, ["--verbose", "confirm", str(tmp_path / "demo"), "--rounds", "1", "--warmups", "0",
+                                 "--no-launcher"])
+    assert r.exit_code == 0, r.output
+    assert "confirm round 1 baseline: " in r.output and "confirm round 1 pick: " in r.output
+    (block,) = _blocks(r.output, "demo")
+    _check_block(block)
+
+
+def test_a_study_without_confirm_quotes_its_holdout(tmp_path, monkeypatch, fake, fake_engine_env):
+    text = _demo(tmp_path, monkeypatch, fake)
+    (block,) = _blocks(text, "demo")
+    quote = _check_block(block)
+    f = json.loads((tmp_path / "demo" / "best.json").read_text())["figure"]
+    assert f["status"] == "measured" and f"{f['speedup']:.2f}x" in quote and "holdout pairs" in " ".join(block)
+    assert "Pareto front" not in text  # the front and each figure's basis: --explain
+    explained = _demo(tmp_path / "again", monkeypatch, fake, "--explain")
+    assert "Pareto front" in explained and "claimed: " in explained
+
+
+@pytest.mark.parametrize("name", ["demo_round5_best.json", "demo_round5_study_best.json"])
+def test_the_summary_of_saved_real_runs(name):
+    """The round-5 demo's saved results (benchmarks/data): its claimed/served gap (4.32x against 3.04x,
+    served +-28%) was printed "consistent"; here it is said plainly, and each figure once."""
+    report = json.loads((ROOT / "benchmarks" / "data" / name).read_text())
+    block = summary(report, Path("results/demo"))
+    _check_block(block)
+    claimed = next(ln for ln in block if ln.startswith("claimed:"))
+    assert "chosen on 4.32x" in claimed and "above the quoted figure" in claimed and "ran high" in " ".join(block)
