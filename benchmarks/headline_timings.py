@@ -5,9 +5,11 @@ cache), then, each as a whole process and timed from outside:
 
 - setup: ``bash scripts/setup.sh`` (the venv, vLLM for this machine, Arctic Inference's wheel);
 - the demo: ``bash scripts/demo.sh`` (its search with ``--confirm``), its console read line by line
-  with the time each line came: the study (until confirm's first line) and confirm;
+  with the time each line came: the study (until the summary before confirm) and confirm;
+- the console as a user reads it (issue 60), piped as a log is (100 columns): its widest line, and the
+  lines after the last trial (the summaries, confirm's stop), each summary's length;
 - engine start: each trial's ``engine_init_s`` and whole wall from the demo's trials.csv, and
-  confirm's servers' readiness (``server ready in``), forked from the launcher.
+  confirm's servers' readiness (best.json's served rounds), forked from the launcher.
 
 The data file records the commit measured and the machine's kind; the README quotes it with both.
 Under the machine-wide engine lock, so no other engine runs beside it.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import harness  # first: this checkout's autotune on the path
 
 import csv
+import json
 import re
 import shutil
 import statistics
@@ -37,6 +40,27 @@ def timed(cmd: list[str], cwd: Path, log: Path) -> tuple[int, float, list[tuple[
     return rc, end - start, lines
 
 
+def console(lines_in) -> dict:
+    """The demo's console as a user reads it: its widest line, the lines after the last trial's record
+    (a record wraps onto lines of its own, up to the next blank line or summary rule), and each summary's
+    lines (its rule and rows)."""
+    lines = [x for x in lines_in if not x.startswith("rc=")]
+    last = max((i for i, x in enumerate(lines) if x.startswith("trial ")), default=-1)
+    end = next((i for i in range(last + 1, len(lines)) if not lines[i].strip() or lines[i].startswith("── ")),
+               len(lines))
+    rules = [i for i, x in enumerate(lines) if x.startswith("── ")]
+    summaries = []
+    for i in rules:
+        rows = 1
+        for x in lines[i + 1:]:
+            if not x or not (x[:1].isalpha() and ":" in x[:11] or x.startswith(" " * 11)):
+                break
+            rows += 1
+        summaries.append(rows)
+    return {"columns": "a pipe (100: autotune.cli.edge.PIPE_WIDTH)", "widest": max(map(len, lines), default=0),
+            "lines_after_last_trial": len(lines) - end, "summary_lines": summaries}
+
+
 def main() -> int:
     ap = harness.parser(__doc__, out="headline_timings.json")
     ap.add_argument("--keep", action="store_true", help="keep the fresh clone (its path is printed)")
@@ -52,13 +76,17 @@ def main() -> int:
     print(f"setup: rc={rc} {setup_s:.0f} s", flush=True)
     if rc == 0:
         rc, demo_s, lines = timed(["bash", "scripts/demo.sh"], clone, args.out.parent / "headline_demo.log")
-        confirm_at = next((t for t, x in lines if x.startswith("confirm round 1 ")), None)
+        rules = [t for t, x in lines if x.startswith("── demo ")]  # each summary's rule: after the study, after confirm
+        confirm_at = rules[0] if len(rules) > 1 else None
         first = lines[0][0] if lines else 0.0
-        ready = [float(m.group(1)) for _, x in lines if (m := re.search(r"server ready in (\d+(?:\.\d+)?) s", x))]
+        best = clone / "results" / "demo" / "best.json"
+        served = (json.loads(best.read_text())["best"].get("served") or {}) if best.is_file() else {}
+        ready = [r.get("ready_s") for r in served.get("per_round") or []]
         data["demo"] = {"rc": rc, "wall_s": round(demo_s, 1),
                         "study_s": round((confirm_at or lines[-1][0]) - first, 1) if lines else None,
                         "confirm_s": round(lines[-1][0] - confirm_at, 1) if confirm_at else None,
                         "confirm_server_ready_s": ready, "log": "headline_demo.log"}
+        data["console"] = console(x for _, x in lines)
         trials = clone / "results" / "demo" / "trials.csv"
         if trials.is_file():
             rows = list(csv.DictReader(trials.open()))

@@ -590,6 +590,9 @@ def test_compare_served_fails_on_a_pick_that_does_not_serve_or_loses_served(two)
     r = sv.compare_served(_with_served(two[0], 0.90, 0.85, 0.95, line=line), two[1])
     assert r.reasons[0].startswith("the new pick is slower than its baseline when served: 0.90x [0.85-0.95]")
     assert line in r.notes and r.ratio is None  # the old run was not served: no served ratio
+    # one served round: no interval, and a point decides nothing (issue 60): cannot tell, said in a note
+    r = sv.compare_served(_with_served(two[0], 0.90), two[1])
+    assert r.reasons == [] and any("in one round, no interval: cannot tell whether it is slower" in n for n in r.notes)
 
 
 def test_compare_served_only_old_served_is_a_note(two):

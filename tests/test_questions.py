@@ -62,7 +62,7 @@ def study(tmp_path_factory):
         r = runner.invoke(_app(), ["search", QUESTIONS, "--turns", "all", "--space", "tests/data/fake_space.yaml",
                                    "--trials", "2", "--try", NGRAM, "--results", str(results), "--study", "q",
                                    "--repeats", "1", "--warmup", "0", "--samples", "0", "--output-len", "12",
-                                   "--no-remeasure"])
+                                   "--no-remeasure", "--explain"])  # the table by category: --explain
     return r, results / "q"
 
 

@@ -244,7 +244,7 @@ def test_levels_through_the_cli_plan_each_levels_best_depth_then_the_schedule(tm
     r = CliRunner().invoke(app, ["search", "examples/smoke.jsonl", "--space", "quick", "--trials", "6", "--model",
                                  "fake-model", "--draft-model", "fake-draft", "--results", str(tmp_path),
                                  "--samples", "0", "--repeats", "1", "--study", "lv", "--levels", "1,8",
-                                 "--no-remeasure"])
+                                 "--no-remeasure", "--explain"])  # the schedule's line: --explain
     assert r.exit_code == 0, r.output
     frame = pd.read_csv(tmp_path / "lv" / "trials.csv")
     assert "output_tok_s@concurrency=8" in frame.columns and "output_tok_s@ramp=8" in frame.columns

@@ -227,7 +227,7 @@ def test_predict_study_on_the_fake_engine_records_forecasts_and_stops_early(tmp_
     monkeypatch.setenv("COLUMNS", "1000")  # each record whole on one line, to read it (a pipe wraps at 100)
     r = runner.invoke(app, ["search", "examples/smoke.jsonl", "--space", "quick", "--trials", "30", "--model",
                             "fake-model", "--draft-model", "fake-draft", "--results", str(tmp_path), "--samples", "0",
-                            "--repeats", "1", "--study", "p"])
+                            "--repeats", "1", "--study", "p", "--explain"])  # the stop line: --explain
     assert r.exit_code == 0, r.output
     best = json.loads((tmp_path / "p" / "best.json").read_text())
     assert best["platform"]["tags"] == sorted(hardware.platform_tags())  # the study reports the machine it ran on

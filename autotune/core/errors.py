@@ -20,7 +20,8 @@ EXIT_CODES = {
     BAD_INPUT: "bad input (workload, space, flags, results): one line naming the file, line or key",
     INTERNAL: "an internal error (a bug): one line saying where, --verbose for the traceback",
     UNDECIDED: "cannot tell (check): the pairs measured do not decide at the tolerance (gate rounds cut short, or "
-               "two runs' interval across the line); rerun with more rounds",
+               "two runs' interval across the line), or an objective has no interval (a point decides nothing); "
+               "rerun with more rounds, or --warm-start for pairs",
     DRIFT: "drift (watch): live acceptance or load left the study's interval for the deployed config; also a busy "
            "window with no drafts, or a metric without a band to judge it (never ok on nothing)",
     UNREACHABLE: "unreachable (watch): the server's /metrics did not answer for --retry-s seconds",

@@ -146,10 +146,12 @@ def compare_served(new: dict[str, Any], old: dict[str, Any]) -> ServedComparison
         notes.append("the new pick was not confirmed served (autotune confirm): the study's numbers only")
     n, n_lo, n_hi = vals["new"]
     if n is not None:
-        hi = n if n_hi is None else n_hi
-        if hi < 1:
+        if n_hi is not None and n_hi < 1:
             reasons.append(f"the new pick is slower than its baseline when served: {_fmt(n, n_lo, n_hi)} "
                            "(vllm serve + vllm bench serve)")
+        elif n_hi is None and n < 1:  # one served round: no interval, and a point decides nothing (issue 60)
+            notes.append(f"the new pick served {_fmt(n, None, None)} its baseline in one round, no interval: "
+                         "cannot tell whether it is slower (autotune confirm with more rounds decides)")
         if new.get("served_vs_claimed") not in (None, AGREE) and not new["served_vs_claimed"].startswith(WITHIN):
             notes.append(new["served_vs_claimed"])
     o, o_lo, o_hi = vals["old"]
