@@ -2,14 +2,13 @@
 
 A fenced block in README.md or docs/*.md tagged
 
-    <!-- log: demo_round5.log select: trial   0 | best: | served: -->
+    <!-- log: demo_round6.log select: trial   0 | [summary 2] -->
 
-holds, for each selector in order, the first line of benchmarks/data/demo_round5.log not taken yet
-that starts with it (runs of spaces closed up). This script rewrites every such block from its log;
+holds, for each selector in order, the first line of benchmarks/data/demo_round6.log not taken yet
+that starts with it (runs of spaces closed up), or for ``[summary N]`` the run's N-th summary whole. This script rewrites every such block from its log;
 with --log and --results it first saves a run as that log and its best.json files beside it:
 
-    .venv/bin/python scripts/docs_output.py --log run.log --results RESULTS/demo --study-best study_best.json \
-        --name demo_round5
+    .venv/bin/python scripts/docs_output.py --log run.log --results RESULTS/demo --name demo_round6
     .venv/bin/python scripts/docs_output.py          # only rewrite the blocks from the saved logs
 
 tests/test_docs_figures.py checks both ways: each tagged block is what this script writes from its
@@ -35,12 +34,34 @@ def _flat(line: str) -> str:
     return " ".join(line.split())
 
 
+SUMMARY = re.compile(r"^\[summary (\d+)\]$")  # a selector for a run's Nth summary, whole (autotune.results.summary)
+
+
+def summary_block(lines: list[str], n: int) -> list[int]:
+    """The line numbers of the log's ``n``-th summary: its rule (``── study ──``) and its rows (a label
+    in its column, or a wrapped row's continuation)."""
+    rules = [i for i, x in enumerate(lines) if x.startswith("── ")]
+    if len(rules) < n:
+        raise LookupError(f"the log has {len(rules)} summaries, not {n}")
+    start = rules[n - 1]
+    end = start + 1
+    while end < len(lines) and (re.match(r"^[a-z][a-z ]*:\s", lines[end]) or lines[end].startswith(" " * 11)):
+        end += 1
+    return list(range(start, end))
+
+
 def select(log_text: str, selectors: list[str]) -> list[str]:
-    """For each selector, the first unused log line starting with it (spaces closed up), as logged."""
+    """For each selector, the first unused log line starting with it (spaces closed up), as logged; a
+    ``[summary N]`` selector gives the run's N-th summary whole."""
     lines = log_text.splitlines()
     used: set[int] = set()
     out = []
     for sel in selectors:
+        if m := SUMMARY.match(sel.strip()):
+            block = summary_block(lines, int(m.group(1)))
+            used.update(block)
+            out += [lines[i].rstrip() for i in block]
+            continue
         want = _flat(sel)
         hit = next((i for i, line in enumerate(lines) if i not in used and _flat(line).startswith(want)), None)
         if hit is None:
@@ -69,7 +90,7 @@ def main() -> int:
     ap.add_argument("--results", type=Path, help="its results folder: best.json saved as NAME_best.json")
     ap.add_argument("--study-best", type=Path, help="best.json as the search left it, before confirm "
                                                     "(saved as NAME_study_best.json)")
-    ap.add_argument("--name", default="demo_round5")
+    ap.add_argument("--name", default="demo_round6")
     args = ap.parse_args()
     if args.log:
         shutil.copyfile(args.log, DATA / f"{args.name}.log")

@@ -28,7 +28,7 @@ def test_question_file_replays_turns_and_reports_by_category(tmp_path, monkeypat
                                  "--results", str(tmp_path), "--study", "q", "--repeats", "1", "--max-repeats", "0",
                                  "--warmup", "1", "--samples", "0", "--trial-timeout", "300", "--no-remeasure",
                                  # vLLM's per-request acceptance (asserted below) reaches only an in-process engine
-                                 "--instrument", "inprocess"])
+                                 "--instrument", "inprocess", "--explain"])  # the table by category: --explain
     print(r.output)
     assert r.exit_code == 0, r.output
     out = tmp_path / "q"
