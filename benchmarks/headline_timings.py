@@ -9,7 +9,8 @@ cache), then, each as a whole process and timed from outside:
 - the console as a user reads it (issue 60), piped as a log is (100 columns): its widest line, and the
   lines after the last trial (the summaries, confirm's stop), each summary's length;
 - engine start: each trial's ``engine_init_s`` and whole wall from the demo's trials.csv, and
-  confirm's servers' readiness (best.json's served rounds), forked from the launcher.
+  confirm's servers' readiness (best.json's served rounds), forked from the launcher;
+- the report: ``autotune report results/demo``, its wall and report.html's size (issue 60: under 1 MB).
 
 The data file records the commit measured and the machine's kind; the README quotes it with both.
 Under the machine-wide engine lock, so no other engine runs beside it.
@@ -97,6 +98,11 @@ def main() -> int:
                               "median_trial_wall_s": statistics.median(wall) if wall else None}
         print(f"demo: rc={rc} {demo_s:.0f} s (study {data['demo']['study_s']} s, confirm {data['demo']['confirm_s']} s)",
               flush=True)
+        rc, report_s, _ = timed([".venv/bin/autotune", "report", "results/demo"], clone, where / "report.log")
+        page = clone / "results" / "demo" / "report" / "report.html"
+        data["report"] = {"rc": rc, "wall_s": round(report_s, 1),
+                          "html_bytes": page.stat().st_size if page.is_file() else None}
+        print(f"report: rc={rc} {report_s:.0f} s, report.html {data['report']['html_bytes']} bytes", flush=True)
     harness.save(args.out, data)
     if args.keep:
         print(f"clone kept: {clone}")

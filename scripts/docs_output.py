@@ -39,15 +39,31 @@ SUMMARY = re.compile(r"^\[summary (\d+)\]$")  # a selector for a run's Nth summa
 
 def summary_block(lines: list[str], n: int) -> list[int]:
     """The line numbers of the log's ``n``-th summary: its rule (``── study ──``) and its rows (a label
-    in its column, or a wrapped row's continuation)."""
+    of autotune.results.summary in its column, or a wrapped row's continuation)."""
+    sys.path.insert(0, str(ROOT))
+    from autotune.results.summary import LABEL, LABELS
+
     rules = [i for i, x in enumerate(lines) if x.startswith("── ")]
     if len(rules) < n:
         raise LookupError(f"the log has {len(rules)} summaries, not {n}")
     start = rules[n - 1]
     end = start + 1
-    while end < len(lines) and (re.match(r"^[a-z][a-z ]*:\s", lines[end]) or lines[end].startswith(" " * 11)):
+    while end < len(lines) and (lines[end].startswith(LABELS) or lines[end].startswith(" " * (LABEL + 1))):
         end += 1
     return list(range(start, end))
+
+
+# A line that starts a record of its own: a trial, a note with its label, a summary's rule or row, a
+# left-out choice, a blank. Any other line continues the record above it (wrapped at 100 columns).
+RECORD = re.compile(r"^(trial +\d|[a-z][\w -]*: |── |  left out: |autotune \d|$)")
+
+
+def record(lines: list[str], at: int) -> list[int]:
+    """Line ``at`` and the lines its record wrapped onto."""
+    end = at + 1
+    while end < len(lines) and not RECORD.match(lines[end]):
+        end += 1
+    return list(range(at, end))
 
 
 def select(log_text: str, selectors: list[str]) -> list[str]:
@@ -66,8 +82,9 @@ def select(log_text: str, selectors: list[str]) -> list[str]:
         hit = next((i for i, line in enumerate(lines) if i not in used and _flat(line).startswith(want)), None)
         if hit is None:
             raise LookupError(f"no line starting {sel!r} in the log")
-        used.add(hit)
-        out.append(lines[hit].rstrip())
+        whole = record(lines, hit)  # a record wrapped at 100 columns comes whole
+        used.update(whole)
+        out += [lines[i].rstrip() for i in whole]
     return out
 
 

@@ -225,7 +225,26 @@ def test_sample_blocks_are_what_the_script_writes_from_the_saved_run(doc):
 
 def test_the_readme_and_the_walkthrough_quote_this_rounds_run():
     for doc in (ROOT / "README.md", ROOT / "docs" / "reading-the-output.md"):
-        assert "<!-- log: demo_round5.log select: " in doc.read_text(), doc.name
+        assert "<!-- log: demo_round6.log select: " in doc.read_text(), doc.name
+
+
+def test_the_saved_runs_summary_is_what_this_code_prints():
+    """The round-6 demo's console (benchmarks/data/demo_round6.log, a fresh clone's scripts/demo.sh) ends
+    in the summary this commit's code prints from the run's own best.json (autotune.results.summary, as
+    a pipe prints it: 100 columns, its rule above); a format change fails here until a new run is saved."""
+    from pathlib import Path as P
+
+    from autotune.results.summary import summary
+
+    mod = _docs_output()
+    log = (DATA / "demo_round6.log").read_text().splitlines()
+    final = json.loads((DATA / "demo_round6_best.json").read_text())
+    printed = [log[i] for i in mod.summary_block(log, 2)]
+    assert printed[0].startswith("── demo ") and len(printed[0]) == 100
+    assert [x.rstrip() for x in printed[1:]] == summary(final, P("results/demo"), width=100, max_lines=11)
+    # the summary before confirm carried the ratio the pick was chosen on, the claim best.json keeps
+    first = " ".join(log[i] for i in mod.summary_block(log, 1))
+    assert f"chosen on: {final['best']['speedup']['output_tok_s']:.2f}x" in first
 
 
 def test_a_changed_sample_block_or_a_missing_line_is_caught():

@@ -21,6 +21,8 @@ from autotune.serve.served import DIFFER, gap
 WIDTH = 100
 MAX_LINES = 12
 LABEL = 10  # the labels' column: "quote:" and the rest, then the text
+# Every row's label, in the order rows come (a reader of a saved console finds the summary's rows by them).
+LABELS = ("result:", "pick:", "quote:", "claimed:", "chosen on:", "correct:", "not told:", "serve:", "more:")
 
 
 def _x(v: float, lo: Any = None, hi: Any = None) -> str:

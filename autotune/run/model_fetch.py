@@ -146,10 +146,17 @@ def baseline_timeout(weights: int, platform: str, tensor_parallel: int = 1) -> f
     return round(BASE_TIMEOUT_S + per_gb * weights / GB)
 
 
+def _short(name: str) -> str:
+    """A model as a line names it: a hub id as given, a long local path by its last two parts (the
+    demo's absolute paths took four lines of the console)."""
+    parts = Path(name).parts
+    return name if len(name) <= 40 or len(parts) <= 2 else str(Path("…", *parts[-2:]))
+
+
 def ready_line(ready: list[Ready], limit: float | None = None, platform: str = "", tensor_parallel: int = 1) -> str:
     """One line: each model ready before any clock starts, its weights' size and where it came from;
     and the baseline's time limit where it was sized here."""
-    said = "; ".join(f"{r.role} {r.name} {r.weight_bytes / GB:.2f} GB ({r.source})" for r in ready)
+    said = "; ".join(f"{r.role} {_short(r.name)} {r.weight_bytes / GB:.2f} GB ({r.source})" for r in ready)
     line = f"models ready before any clock starts: {said}"
     if limit is not None:
         line += (f"; the baseline's time limit {limit:.0f} s, sized from {weight_bytes(ready) / GB:.2f} GB on "
