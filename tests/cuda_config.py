@@ -91,6 +91,19 @@ def main(path: str, platform: str = "cuda") -> None:
     # inspection (an empty cache, as on a fresh machine), and under the faked platform its attention
     # modules would import the CUDA build's flash-attention extensions.
     import vllm.model_executor.model_loader  # noqa: F401
+    from vllm.model_executor.models import registry
+
+    # inspections in this process (vLLM's own: a subprocess each, ~10 s on an empty cache), under the CPU
+    # platform: the architectures of the kwargs below, before the platform is switched
+    registry._run_in_subprocess = lambda fn: fn()
+    for kw in json.loads(open(path).read()):
+        for model in {kw["model"], (kw.get("speculative_config") or {}).get("model")} - {None}:
+            try:
+                archs = json.loads(open(f"{model}/config.json").read()).get("architectures") or []
+            except OSError:
+                continue
+            for arch in archs:
+                registry.ModelRegistry._try_inspect_model_cls(arch)
 
     # set before vLLM's engine modules are imported: some bind the platform when they load
     platforms._current_platform = FakeHopper() if platform == "cuda" else CpuPlatform()

@@ -55,6 +55,20 @@ class Truth:
         return 1.0 if params.get("method") in (None, "none") else self.speedups[int(params["num_speculative_tokens"])]
 
 
+def record_correct(study: optuna.Study, view: Any, trial: optuna.Trial, m: dict[str, Any], values: Any) -> None:
+    """Record measurement ``m`` as a correct trial (pooled with the trial it re-measures, as
+    autotune.study.record pools a fresh engine's record) and tell Optuna ``values(m)``."""
+    of = trial.user_attrs.get(attrs.REMEASURE_OF)
+    if of is not None:  # one record of both engine instances
+        m = pool(view.trial(of).user_attrs[attrs.MEASUREMENT], m)
+    trial.set_user_attr(attrs.MEASUREMENT, m)
+    trial.set_user_attr(attrs.VERDICT, {"passed": True, "status": "ok", "reason": "ok",
+                                        "constraints": [0.0] * len(CONSTRAINTS)})
+    for key in CONSTRAINTS:
+        trial.set_constraint(key, 0.0)
+    study.tell(trial, values(m))
+
+
 def _run_one(seed: int, noise: Noise, truth: Truth) -> Any:
     """autotune.study.record.run_one's stand-in: one engine instance's windows from the noise model."""
     slot, rng = itertools.count(), random.Random(f"instances/{seed}")
@@ -68,15 +82,7 @@ def _run_one(seed: int, noise: Noise, truth: Truth) -> Any:
         m: dict[str, Any] = {"output_tok_s": float(np.median(w)), "output_tok_s_windows": w,
                              "output_tok_s_instances": [w], "output_tok_s_rounds": [trial.user_attrs.get(attrs.ROUND)],
                              "e2e_ms_p50": 1e5 / level, "tpot_ms_p50": 1e3 / level, "windows": 2, "slot": i}
-        of = trial.user_attrs.get(attrs.REMEASURE_OF)
-        if of is not None:  # one record of both engine instances, as autotune.study.record pools them
-            m = pool(view.trial(of).user_attrs[attrs.MEASUREMENT], m)
-        trial.set_user_attr(attrs.MEASUREMENT, m)
-        trial.set_user_attr(attrs.VERDICT, {"passed": True, "status": "ok", "reason": "ok",
-                                            "constraints": [0.0] * len(CONSTRAINTS)})
-        for key in CONSTRAINTS:
-            trial.set_constraint(key, 0.0)
-        study.tell(trial, [m[o] for o in cfg.objectives])
+        record_correct(study, view, trial, m, lambda m: [m[o] for o in cfg.objectives])
 
     return run_one
 

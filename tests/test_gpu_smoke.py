@@ -11,9 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from autotune.core.space import SPACES_DIR
 from autotune.run import hardware
 
 pytestmark = pytest.mark.engine
@@ -47,12 +45,22 @@ def test_the_smoke_script_passes_here_and_says_what_a_gpu_must_show(tmp_path):
     assert "eagle3: forecast" in text and "ngram: forecast" in text
 
 
-def _planted_space(tmp_path: Path) -> Path:
-    """The quick space with an ngram window vLLM refuses (prompt_lookup_min above prompt_lookup_max)."""
-    data = yaml.safe_load((SPACES_DIR / "quick.yaml").read_text())
-    data["params"]["prompt_lookup_min"] = {"int": [5, 5], "when": {"method": ["ngram"]}}
+SMALL = """name: planted
+baseline: {method: none, enforce_eager: true}
+params:
+  method: {choices: [none, ngram, {value: eagle3, needs: eagle3_head}]}
+  num_speculative_tokens: {int: [3, 3], when: {method: [ngram, eagle3]}}
+  prompt_lookup_max: {int: [4, 4], when: {method: [ngram]}}
+  prompt_lookup_min: {int: [%d, %d], when: {method: [ngram]}}
+  enforce_eager: {choices: [true]}
+"""
+
+
+def _planted_space(tmp_path: Path, lookup_min: int = 2) -> Path:
+    """A small space (quick's eager ngram and eagle3 at one depth: each planted run measures one trial);
+    with ``lookup_min`` 5 an ngram window vLLM refuses (prompt_lookup_min above prompt_lookup_max)."""
     path = tmp_path / "planted.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(SMALL % (lookup_min, lookup_min))
     return path
 
 
@@ -60,10 +68,9 @@ def _planted_space(tmp_path: Path) -> Path:
 def test_the_smoke_script_fails_on_each_planted_fault(tmp_path, fault):
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
            "AUTOTUNE_SMOKE_FAULT": fault,
-           # one method's trials: the fault's own (a short run)
+           "AUTOTUNE_SMOKE_SPACE": str(_planted_space(tmp_path, 5 if fault == "config" else 2)),
+           # one method's trial: the fault's own (a short run)
            "AUTOTUNE_SMOKE_METHODS": {"trace": "eagle3", "runner": "ngram", "config": "ngram"}[fault]}
-    if fault == "config":
-        env["AUTOTUNE_SMOKE_SPACE"] = str(_planted_space(tmp_path))
     code, text = _smoke(tmp_path / "smoke", **env)
     assert code == 1, text[-3000:]
     said = {"trace": ("FAILED at step 5", "the eagle3 trace failed: RuntimeError: planted: the trace raised"),

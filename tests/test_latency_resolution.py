@@ -195,7 +195,7 @@ def _run_one(kind: str, speedups: dict[int, float]) -> Any:
 
     def run_one(study: optuna.Study, view: Any, trial: optuna.Trial, cand: Any, workload: Any, space: Any,
                 cfg: Any, progress: Any, is_base: bool, *, env: dict[str, str], stop: Any) -> None:
-        from autotune.run.evaluate import CONSTRAINTS
+        from sim_study import record_correct
 
         next(slot)
         depth = int(cand.params.get("num_speculative_tokens") or 0)
@@ -203,15 +203,7 @@ def _run_one(kind: str, speedups: dict[int, float]) -> Any:
         m = measure_run({"windows": [window(kind, step_s=0.005 / (speed * rng.uniform(0.97, 1.03)))
                                      for _ in range(2)]})
         m["output_tok_s_rounds"] = [trial.user_attrs.get(attrs.ROUND)]
-        of = trial.user_attrs.get(attrs.REMEASURE_OF)
-        if of is not None:
-            m = pool(view.trial(of).user_attrs[attrs.MEASUREMENT], m)
-        trial.set_user_attr(attrs.MEASUREMENT, m)
-        trial.set_user_attr(attrs.VERDICT, {"passed": True, "status": "ok", "reason": "ok",
-                                            "constraints": [0.0] * len(CONSTRAINTS)})
-        for key in CONSTRAINTS:
-            trial.set_constraint(key, 0.0)
-        study.tell(trial, objective_values(m, cfg.objectives)[0])
+        record_correct(study, view, trial, m, lambda m: objective_values(m, cfg.objectives)[0])
 
     return run_one
 

@@ -5,9 +5,10 @@ name or word is cut (Rich's "…") on it or on --help-all; flags show no type.
 Which options the default page shows is autotune/cli/help_panels.DAY_ONE, and why: the flags those
 commands use (read from the files here, so a command added with a new flag fails this test until the
 flag is on the page), the model flags a GPU user needs before the first engine starts (--dtype,
---max-model-len, --gpu-memory-utilization, --trust-remote-code), the workload's --format, --help-all
-and --help. The rest (the load pattern and --concurrency, which one --levels N gives; the correctness
-bounds; the measurement knobs; --config, --strategy) are on --help-all.
+--max-model-len, --gpu-memory-utilization, --trust-remote-code), --explain (the summary names it),
+--help-all and --help. The rest (the workload's --format, read by default; the load pattern and
+--concurrency, which one --levels N gives; the correctness bounds; the measurement knobs; --config,
+--strategy) are on --help-all.
 """
 
 from __future__ import annotations

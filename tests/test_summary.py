@@ -39,12 +39,14 @@ def _blocks(text: str, study: str) -> list[list[str]]:
     return out
 
 
-def _demo(tmp_path, monkeypatch, fake, *extra: str):  # noqa: F811
-    """The demo's command (scripts/demo.sh) through the CLI, trials on the FAKE engine."""
+def _demo(tmp_path, monkeypatch, fake, *extra: str, short: bool = False):  # noqa: F811
+    """The demo's command (scripts/demo.sh) through the CLI, trials on the FAKE engine (``short``: its
+    smoke edits and 3 candidates, for what the demo's own length does not change)."""
     monkeypatch.setattr("autotune.cli.search.ENGINE", "fake_engine")
     monkeypatch.setenv("COLUMNS", "100")
     monkeypatch.setenv("AUTOTUNE_PYTHON", fake.python)  # confirm's servers and clients: the FAKE launcher
-    r = CliRunner().invoke(app, ["search", "examples/json_edit.jsonl", "--space", "quick", "--candidates", "8",
+    workload, candidates = ("examples/smoke.jsonl", "3") if short else ("examples/json_edit.jsonl", "8")
+    r = CliRunner().invoke(app, ["search", workload, "--space", "quick", "--candidates", candidates,
                                  "--study", "demo", "--model", "fake-model", "--draft-model", "fake-draft",
                                  "--results", str(tmp_path), "--samples", "0", "--no-launcher", *extra])
     assert r.exit_code == 0, r.output
@@ -83,7 +85,7 @@ def test_the_demos_study_and_confirm_end_in_one_short_summary_each(tmp_path, mon
 
 
 def test_verbose_shows_confirms_rounds(tmp_path, monkeypatch, fake, fake_engine_env):
-    text = _demo(tmp_path, monkeypatch, fake, "--confirm", "--candidates", "2")
+    text = _demo(tmp_path, monkeypatch, fake, "--confirm", short=True)
     assert "confirm round 1 " not in text
     monkeypatch.setattr("autotune.cli.edge._verbose", False)
     r = CliRunner().invoke(app, ["--verbose", "confirm", str(tmp_path / "demo"), "--rounds", "1", "--warmups", "0",
@@ -95,13 +97,13 @@ def test_verbose_shows_confirms_rounds(tmp_path, monkeypatch, fake, fake_engine_
 
 
 def test_a_study_without_confirm_quotes_its_holdout(tmp_path, monkeypatch, fake, fake_engine_env):
-    text = _demo(tmp_path, monkeypatch, fake)
+    text = _demo(tmp_path, monkeypatch, fake, short=True)
     (block,) = _blocks(text, "demo")
     quote = _check_block(block)
     f = json.loads((tmp_path / "demo" / "best.json").read_text())["figure"]
     assert f["status"] == "measured" and f"{f['speedup']:.2f}x" in quote and "holdout pairs" in " ".join(block)
     assert "Pareto front" not in text  # the front and each figure's basis: --explain
-    explained = _demo(tmp_path / "again", monkeypatch, fake, "--explain")
+    explained = _demo(tmp_path / "again", monkeypatch, fake, "--explain", short=True)
     assert "Pareto front" in explained and "claimed: " in explained
 
 

@@ -46,11 +46,12 @@ SEARCH_PANELS: dict[str, str] = {
 # The default page (issue 60): every flag the README's, the demo's and docs' commands use (the study,
 # its results and storage, --resume, --warm-start, --try, --slo, --workers, the load --levels, the
 # budget in candidates and minutes, --confirm), the model flags a GPU user needs before the first
-# engine starts (dtype, context, memory share, remote code; issue 52) and the workload's format.
-# On --help-all: --concurrency (one level is --levels N), --config, --strategy, the correctness
+# engine starts (dtype, context, memory share, remote code; issue 52) and --explain, which the summary
+# names. On --help-all: the workload's --format (read by default), --concurrency (one level is
+# --levels N), --config, --strategy, the correctness
 # bounds (the checks run with their defaults) and the measurement knobs. help_all_ and Click's help
 # make 24 (tests/test_search_help.py).
-DAY_ONE = frozenset({"format", "levels", "model", "draft_model", "eagle3_head", "trust_remote_code",
+DAY_ONE = frozenset({"explain_", "levels", "model", "draft_model", "eagle3_head", "trust_remote_code",
                      "max_model_len", "dtype", "gpu_memory_utilization", "space", "candidates", "try_", "resume",
                      "warm_start", "workers", "time_budget", "objectives", "slo", "results", "confirm", "study",
                      "storage", "help_all_"})
