@@ -18,6 +18,7 @@ for the previous one's memory.
 from __future__ import annotations
 
 import json
+import shutil
 import types
 from pathlib import Path
 
@@ -111,12 +112,14 @@ def test_a_studys_every_worker_waits_for_every_device_of_its_engine(tmp_path, mo
 
 
 @pytest.mark.skipif(not demo.eagle3_available(), reason="no shipped head")
-def test_the_eagle3_trace_runs_through_the_worker_on_cuda(tmp_path, monkeypatch, cuda):
+@pytest.mark.parametrize("head_as", ["folder", "hub id"])
+def test_the_eagle3_trace_runs_through_the_worker_on_cuda(tmp_path, monkeypatch, cuda, head_as):
     """The study's EAGLE-3 trace on a GPU is a worker job (autotune.study.head_trace._on_device): it
     goes through the real worker, which waits for the memory of the engine's devices at the study's
     utilization before it starts, and returns what the in-process trace gives. Before issue 59 the
     worker read the job's engine arguments, which a trace has none of: "eagle3 trace failed:
-    KeyError: 'engine_kwargs'" on every CUDA run."""
+    KeyError: 'engine_kwargs'" on every CUDA run. A head named by a hub id that autotune fetched into
+    the user's --download-dir reaches the worker as that folder (the worker's default cache lacks it)."""
     from optuna.trial import TrialState
 
     from autotune.core.candidate import Settings
@@ -140,8 +143,15 @@ def test_the_eagle3_trace_runs_through_the_worker_on_cuda(tmp_path, monkeypatch,
         return {**j, "eagle3_trace": {**j["eagle3_trace"], "device": "cpu", "dtype": "float32"}}
 
     monkeypatch.setattr(eagle3_trace, "job", on_this_cpu)
+    head = str(demo.EAGLE3)
+    if head_as == "hub id":  # as autotune.run.model_fetch leaves it after fetching into a download dir
+        from autotune.core import snapshots
+
+        head = "acme/eagle3-head-for-the-demo"
+        fetched = shutil.copytree(demo.EAGLE3, tmp_path / "downloads" / "snapshot")
+        monkeypatch.setattr(snapshots, "_fetched", {head: Path(fetched)})
     space = load_space("quick", platform="cuda", models={"eagle3_head"})
-    settings = Settings(model=str(demo.TARGET), eagle3_head=str(demo.EAGLE3), gpu_memory_utilization=0.6,
+    settings = Settings(model=str(demo.TARGET), eagle3_head=head, gpu_memory_utilization=0.6,
                         serve_flags={"tensor_parallel_size": 2})
     cfg = types.SimpleNamespace(settings=settings, results_dir=tmp_path, trial_timeout_s=120)
     line = head_trace.ensure_eagle3_trace(study, StudyView.of(study), space, cfg, env={})
@@ -152,6 +162,7 @@ def test_the_eagle3_trace_runs_through_the_worker_on_cuda(tmp_path, monkeypatch,
     assert [kept["traces"][o["id"]] for o in outputs] == want
     job = json.loads((tmp_path / "eagle3-trace" / "job.json").read_text())
     assert job["gpu_memory"] == {"utilization": 0.6, "devices": 2} and "engine_kwargs" not in job
+    assert Path(job["eagle3_trace"]["head"]).is_dir()  # a folder, never a hub id the worker would look up
     # where() read one device's size for the fit check; the worker's wait read both of the engine's
     assert cuda.asked[-1] == (0, 1), cuda.asked
 

@@ -46,14 +46,24 @@ def hub(tmp_path, monkeypatch):
     monkeypatch.setattr(model_fetch, "_offline", lambda: False)  # autotune's fetch goes to the (fake) hub
 
     class Api:
+        def __init__(self, *args, **kwargs):  # vLLM's parser makes one too
+            pass
+
+        def snapshot_download(self, repo_id, **_):
+            """vLLM's parser resolving the model (offline here): a folder with its config, in no cache."""
+            seen = tmp_path / "vllm-parser" / repo_id
+            seen.mkdir(parents=True, exist_ok=True)
+            (seen / "config.json").write_text(json.dumps(REPOS[repo_id]["config.json"]))
+            return str(seen)
+
         def list_repo_files(self, name, revision=None):
             return list(REPOS[name])
 
     def snapshot_download(name, revision=None, cache_dir=None, allow_patterns=None, **_):
         asked.append((name, tuple(allow_patterns or ())))
-        root = cache / f"models--{name.replace('/', '--')}"
+        root = Path(cache_dir or cache) / f"models--{name.replace('/', '--')}"  # as the hub's client lays it out
         (root / "refs").mkdir(parents=True, exist_ok=True)
-        (root / "refs" / "main").write_text(SHA)
+        (root / "refs" / (revision or "main")).write_text(SHA)
         snap = root / "snapshots" / SHA
         snap.mkdir(parents=True, exist_ok=True)
         for file, body in REPOS[name].items():
@@ -101,3 +111,25 @@ def test_the_fake_engine_fetches_nothing(tmp_path, hub, monkeypatch):
     prepare(SearchOptions(workload=Path("examples/smoke.jsonl"), model="fake-model", space="tests/data/fake_space.yaml",
                           results=tmp_path / "results"))
     assert hub == []
+
+
+def test_a_first_run_into_a_download_dir_at_a_revision_reads_the_configs_fetched_there(tmp_path, hub):
+    """vLLM's --download-dir and --revision: the configs are fetched there, and the space is read from
+    there (the default cache's ``main`` holds nothing): the same space as from the default cache."""
+    plain = prepare(SearchOptions(workload=Path("examples/smoke.jsonl"), model="acme/mtp-fp8",
+                                  eagle3_head="acme/llama-peagle3", max_model_len=1024, results=tmp_path / "r0"))
+    import shutil
+
+    shutil.rmtree(tmp_path / "hub")  # nothing in the default cache now
+    models = tmp_path / "models"
+    o = SearchOptions(workload=Path("examples/smoke.jsonl"), model="acme/mtp-fp8", eagle3_head="acme/llama-peagle3",
+                      max_model_len=1024, results=tmp_path / "r1",
+                      serve_flags=("--download-dir", str(models), "--revision", "v2"))
+    got = prepare(o)
+    assert (models / "models--acme--mtp-fp8" / "refs" / "v2").is_file()
+    assert not (tmp_path / "hub").exists()
+    assert "quantization" not in {p.name for p in got.space.params}  # read from the download dir's fp8 config
+    assert _shape(got.space) == _shape(plain.space)
+    from autotune.forecast.eagle3_format import local_folder
+
+    assert local_folder("acme/llama-peagle3") == models / "models--acme--llama-peagle3" / "snapshots" / SHA

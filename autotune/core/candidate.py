@@ -105,10 +105,14 @@ _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_ex
 def model_configs(model: str) -> list[dict[str, Any]]:
     """The model's config.json (and its text_config), or nothing when it cannot be read.
 
-    Local folders are read directly; a hub id is read from the local Hugging Face cache only
-    (no network here: any earlier vLLM run of the model puts its config there).
+    Local folders are read directly; a hub id from where autotune fetched it (the user's
+    ``--download-dir`` or ``--revision``: autotune.core.snapshots), else from the local Hugging Face
+    cache only (no network here: any earlier vLLM run of the model puts its config there).
     """
-    cfg = Path(model) / "config.json"
+    from autotune.core import snapshots
+
+    where = snapshots.fetched(model)
+    cfg = (where or Path(model)) / "config.json"
     if not cfg.is_file():
         try:
             from huggingface_hub import try_to_load_from_cache

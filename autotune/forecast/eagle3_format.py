@@ -17,8 +17,8 @@ target's, with ``d2t`` (draft id -> offset to the target id: vLLM's ``draft_id_t
 ``t2d`` is skipped), and its own ``embed_tokens``; without them vLLM shares the target's
 (``_maybe_share_lm_head``/``_maybe_share_embeddings``). RoPE is the head's own config's
 (``rope_parameters``, or the legacy ``rope_theta`` + ``rope_scaling`` vLLM folds into it): Llama 3.1
-heads carry the target's ``llama3`` scaling there. A hub id is read from the local Hugging Face cache
-only (``snapshot_download(local_files_only=True)``): never a download the engine would not make.
+heads carry the target's ``llama3`` scaling there. A hub id is read where autotune fetched it, else from
+the local Hugging Face cache only (autotune.core.snapshots): never a download the engine would not make.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from autotune.core import snapshots
 
 ROPE_TYPES = ("default", "llama3")  # what the trace computes (vLLM's RotaryEmbedding, Llama3RotaryEmbedding)
 _LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps",
@@ -59,19 +61,10 @@ def param_count(folder: Path) -> int:
 
 
 def local_folder(name: str) -> Path | None:
-    """``name`` as a local folder: itself, or a hub id's snapshot in the local Hugging Face cache
-    (HF_HOME / HF_HUB_CACHE as huggingface_hub reads them); None when neither has it."""
-    p = Path(name)
-    if p.is_dir():
-        return p
-    if p.is_absolute() or name.count("/") != 1:
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached, not a repo id, no huggingface_hub: not here
-        return None
+    """``name`` as a local folder: itself, where autotune fetched it (a ``--download-dir``, a
+    ``--revision``), or a hub id's snapshot in the local Hugging Face cache (autotune.core.snapshots);
+    None when none has it."""
+    return snapshots.folder(name)
 
 
 def canonical(name: str) -> str:

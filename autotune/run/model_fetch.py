@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.core import snapshots
 from autotune.core.errors import BadInput
 
 GB = 1e9
@@ -123,6 +124,7 @@ def fetch(settings: Any, flags: dict[str, Any] | None = None, *, weights: bool =
             continue
         out.append(_hub(role, name, revision=flags.get("revision") if role == "target" else None,
                         cache_dir=flags.get("download_dir"), weights=weights))
+        snapshots.remember(name, out[-1].path)  # what reads it before vLLM looks there (a download dir, a revision)
     return out
 
 

@@ -117,6 +117,10 @@ def _on_device(pairs: list, depth: int, head: str, model: str, dtype: str, cfg: 
 
     asks = {"utilization": cfg.settings.gpu_memory_utilization,
             "devices": engine_devices(dict(cfg.settings.serve_flags or {}))}
+    from autotune.core import snapshots
+
+    # the worker gets folders: it knows nothing of where this process fetched a hub id (--download-dir)
+    head, model = (str(snapshots.folder(x) or x) for x in (head, model))
     out = run_trial(job(pairs, depth=depth, head=head, target=model, device="cuda", dtype=dtype, gpu_memory=asks),
                     Path(cfg.results_dir) / "eagle3-trace", timeout_s=cfg.trial_timeout_s, env=dict(env or {}))
     if out.raw is None:
