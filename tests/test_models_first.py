@@ -71,6 +71,11 @@ def hub(tmp_path, monkeypatch):
                 (snap / file).write_text(body if isinstance(body, str) else json.dumps(body))
         return str(snap)
 
+    # vLLM's parser asks its one shared HfApi (vllm.transformers_utils.repo_utils.hf_api), made by
+    # whichever test came first in this process: it is the fake here, and the real one after
+    from vllm.transformers_utils import repo_utils
+
+    monkeypatch.setattr(repo_utils, "_hf_api", Api())
     monkeypatch.setattr(huggingface_hub, "HfApi", Api)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     monkeypatch.setattr(hardware, "detect", lambda: "cuda")
