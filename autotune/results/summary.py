@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from autotune.serve.served import DIFFER, gap
+from autotune.serve.served import DIFFER, claim_ratio, gap
 
 WIDTH = 100
 MAX_LINES = 12
@@ -96,12 +96,12 @@ def lines(report: dict[str, Any], out: Path, *, confirming: bool = False) -> lis
     if f.get("status") == "measured":
         rows.append(("quote:", f"{_x(f['speedup'], f.get('lo'), f.get('hi'))} {over}; {_basis(f)}"))
         if claim is not None and isinstance(f.get("lo"), (int, float)):
-            r = claim[0] / f["speedup"]
-            word, _ = gap(r, r, r, f.get("resolution") if isinstance(f.get("resolution"), (int, float)) else None)
-            if word == DIFFER:  # plainly, never "consistent"
+            # the served verdict's rule (claim / figure with both intervals), plainly, never "consistent"
+            r, lo, hi = claim_ratio((f["speedup"], f.get("lo"), f.get("hi")), claim[:3])
+            if gap(r, lo, hi, f.get("resolution") if isinstance(f.get("resolution"), (int, float)) else None)[0] == DIFFER:
+                beyond = "more than the rounds after the choice resolve" if lo <= 1 <= hi else "beyond both intervals"
                 rows.append(("claimed:", f"chosen on {_x(claim[0])}: {abs(r - 1):.0%} {'above' if r > 1 else 'below'} "
-                                         "the quoted figure, more than the rounds after the choice resolve "
-                                         f"(the selection ran {'high' if r > 1 else 'low'})"))
+                                         f"the quoted figure, {beyond} (the selection ran {'high' if r > 1 else 'low'})"))
     else:
         nxt = ("confirm's served rounds, next" if confirming or f.get("status") == "pending"
                else f"none was measured ({f.get('why') or 'no holdout'}); autotune confirm {out} measures it")
