@@ -48,9 +48,7 @@ from typing import Any
 
 from autotune.core.errors import BadInput
 from autotune.gate.served_rounds import (CONFIRM_DIR, SECTION, SIDES, RoundResult, read_passes, served_figure,
-                                        standing,
-                                        served_numbers,
-                                        update_markdown, write_failure)
+                                        served_numbers, standing, tok_s_by_side, update_markdown, write_failure)
 from autotune.measure.intervals import abba
 from autotune.measure.sequential import MAX_ROUNDS, MAX_S, TARGET, Sequential
 from autotune.run import launcher as run_launcher
@@ -347,7 +345,7 @@ def confirm(results_dir: str | Path, *, rounds: int | None = None, resolution: f
                                        forked=forked, min_pass_s=min_pass_s, say=say))
                     if on_round is not None:
                         on_round(standing(done, rule, time.monotonic() - t0))
-                tps = {s: [r.output_tok_s for r in sorted(done, key=lambda r: r.round) if r.side == s] for s in SIDES}
+                tps = tok_s_by_side(done)
                 stopped = rule.stop(tps["pick"], tps["baseline"], time.monotonic() - t0, first)
     except ServeFailed as e:
         write_failure(st.out, e)

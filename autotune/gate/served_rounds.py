@@ -175,13 +175,18 @@ def write_failure(out: Path, e: Exception) -> None:
     (out / "failure.json").write_text(json.dumps({"error": type(e).__name__, "message": str(e)}, indent=2) + "\n")
 
 
+def tok_s_by_side(done: list[RoundResult]) -> dict[str, list[float]]:
+    """Each side's output tok/s, round by round (round n's pick pairs with round n's baseline)."""
+    return {s: [r.output_tok_s for r in sorted(done, key=lambda r: r.round) if r.side == s] for s in SIDES}
+
+
 def standing(done: list[RoundResult], rule: Any, elapsed_s: float) -> dict[str, Any]:
-    """Where confirm stands after the rounds ``done`` (``rule``: its autotune.measure.sequential.Sequential): rounds a side, the served speedup over the
-    complete pairs with its interval and resolution (None before two pairs), against the target and
-    the time allowed."""
+    """Where confirm stands after the rounds ``done`` (``rule``: its autotune.measure.sequential.Sequential):
+    rounds a side, the served speedup over the complete pairs with its interval and resolution (None
+    before two pairs), against the target and the time allowed."""
     from autotune.measure.intervals import paired_t, resolution as relative
 
-    tps = {s: [r.output_tok_s for r in sorted(done, key=lambda r: r.round) if r.side == s] for s in SIDES}
+    tps = tok_s_by_side(done)
     n = min(len(tps["pick"]), len(tps["baseline"]))
     x, lo, hi, _ = paired_t(tps["pick"][:n], tps["baseline"][:n], level=rule.level) if n else (None, None, None, 0)
     return {"round": done[-1].round if done else 0, "side": done[-1].side if done else None, "pairs": n,
