@@ -135,6 +135,6 @@ def test_a_first_run_into_a_download_dir_at_a_revision_reads_the_configs_fetched
     assert not (tmp_path / "hub").exists()
     assert "quantization" not in {p.name for p in got.space.params}  # read from the download dir's fp8 config
     assert _shape(got.space) == _shape(plain.space)
-    from autotune.forecast.eagle3_format import local_folder
+    from autotune.core import snapshots
 
-    assert local_folder("acme/llama-peagle3") == models / "models--acme--llama-peagle3" / "snapshots" / SHA
+    assert snapshots.folder("acme/llama-peagle3") == models / "models--acme--llama-peagle3" / "snapshots" / SHA

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.core import snapshots
 from autotune.core.drafters import drafters, parallel_drafting
 
 # Methods that need a model the user supplies (autotune.core.drafters: each drafter under the method
@@ -109,8 +110,6 @@ def model_configs(model: str) -> list[dict[str, Any]]:
     ``--download-dir`` or ``--revision``: autotune.core.snapshots), else from the local Hugging Face
     cache only (no network here: any earlier vLLM run of the model puts its config there).
     """
-    from autotune.core import snapshots
-
     where = snapshots.fetched(model)
     cfg = (where or Path(model)) / "config.json"
     if not cfg.is_file():

@@ -177,12 +177,12 @@ def trace(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, ks: Sequence[
     be at, for each depth in ``ks`` (``drafts``: k -> entry i is the block once output[:i + 1] is known),
     and, where the output ends in end-of-sequence, the target's greedy tokens past it (``beyond``), as
     autotune.forecast.eagle3_trace.trace gives them for the replay (one block's drafts read like a chain's)."""
-    from autotune.forecast.eagle3_format import local_folder
+    from autotune.core import snapshots
     from autotune.forecast.eagle3_trace import load_target, target_pass
 
     if threads:
         torch.set_num_threads(threads)
-    found, target = local_folder(str(drafter_dir)), local_folder(str(target_dir))
+    found, target = snapshots.folder(str(drafter_dir)), snapshots.folder(str(target_dir))
     if found is None or target is None:
         raise ValueError(f"{drafter_dir if found is None else target_dir}: not a local folder or cached hub id")
     drafter_dir = found

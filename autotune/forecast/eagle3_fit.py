@@ -19,7 +19,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from autotune.forecast.eagle3_format import (file_bytes, local_folder, param_count, read_head, rope_parameters,
+from autotune.core import snapshots
+from autotune.forecast.eagle3_format import (file_bytes, param_count, read_head, rope_parameters,
                                              safetensors_header)
 
 FLOAT32 = 4  # bytes per parameter as the CPU trace loads them
@@ -52,7 +53,7 @@ def gpu_dtype(target_cfg: dict[str, Any], setting: str | None = None) -> str:
 
 def trace_dtype(target: str, setting: str | None = None) -> str:
     """``gpu_dtype`` for a target named as the study names it (a folder or a cached hub id)."""
-    t = local_folder(target)
+    t = snapshots.folder(target)
     try:
         cfg = json.loads((t / "config.json").read_text()) if t is not None else {}
     except (OSError, ValueError):
@@ -69,7 +70,7 @@ def why_not(head: str, target: str, *, ram_bytes: int | None = None, device: str
     """Why the trace cannot run for ``head`` over ``target``, or None. On ``device`` "cpu":
     ``ram_bytes`` is the RAM it may use (default: what the machine has available now); on "cuda":
     ``device_bytes`` is one GPU's memory and ``dtype`` the study's ``--dtype``."""
-    h = local_folder(head)
+    h = snapshots.folder(head)
     if h is None:
         return (f"the EAGLE-3 head {head} is neither a local folder nor in the local Hugging Face cache "
                 "(the trace downloads nothing; fetch it first, e.g. `hf download`)")
@@ -90,7 +91,7 @@ def why_not(head: str, target: str, *, ram_bytes: int | None = None, device: str
 
 def _target(target: str) -> tuple[Path | None, Any]:
     """(the target's local folder, its config), or (None, why not)."""
-    t = local_folder(target)
+    t = snapshots.folder(target)
     if t is None:
         return None, f"the target {target} is neither a local folder nor in the local Hugging Face cache"
     try:
@@ -135,7 +136,7 @@ def dflash_why_not(drafter: str, target: str, *, ram_bytes: int | None = None) -
     ``drafter`` over ``target``, or None: a drafter the mirror does not compute (the speculators
     format, sliding windows, a vocabulary or embedding of its own, a RoPE other than default), or a
     target that is not a local Llama or does not fit in RAM in float32."""
-    d = local_folder(drafter)
+    d = snapshots.folder(drafter)
     if d is None:
         return f"the DFlash drafter {drafter} is neither a local folder nor in the local Hugging Face cache"
     try:

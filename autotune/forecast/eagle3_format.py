@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.core import snapshots
-
 ROPE_TYPES = ("default", "llama3")  # what the trace computes (vLLM's RotaryEmbedding, Llama3RotaryEmbedding)
 _LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps",
                "vocab_size")
@@ -58,13 +56,6 @@ def param_count(folder: Path) -> int:
                 n *= int(d)
             total += n
     return total
-
-
-def local_folder(name: str) -> Path | None:
-    """``name`` as a local folder: itself, where autotune fetched it (a ``--download-dir``, a
-    ``--revision``), or a hub id's snapshot in the local Hugging Face cache (autotune.core.snapshots);
-    None when none has it."""
-    return snapshots.folder(name)
 
 
 def canonical(name: str) -> str:

@@ -21,10 +21,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from autotune.core import snapshots
 from autotune.demo import TARGET
 from autotune.demo.eagle3 import HEAD
 from autotune.forecast import eagle3_head
-from autotune.forecast.eagle3_format import HeadFormat, aux_layers, local_folder, read_head
+from autotune.forecast.eagle3_format import HeadFormat, aux_layers, read_head
 from autotune.forecast.eagle3_head import Eagle3Head, inv_freq, rms_norm, rope  # noqa: F401 - the training script's names
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -179,7 +180,7 @@ def trace(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, depth: int, h
     """
     if threads:
         torch.set_num_threads(threads)
-    head_path, target_path = local_folder(str(head_dir)), local_folder(str(target_dir))
+    head_path, target_path = snapshots.folder(str(head_dir)), snapshots.folder(str(target_dir))
     if head_path is None or target_path is None:
         raise ValueError(f"{head_dir if head_path is None else target_dir}: not a local folder or cached hub id")
     target_model = load_target(target_path, dtype=DTYPES[dtype], device=device)

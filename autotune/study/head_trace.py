@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.core import attrs
+from autotune.core import attrs, snapshots
 
 if TYPE_CHECKING:
     from autotune.study.view import StudyView
@@ -117,8 +117,6 @@ def _on_device(pairs: list, depth: int, head: str, model: str, dtype: str, cfg: 
 
     asks = {"utilization": cfg.settings.gpu_memory_utilization,
             "devices": engine_devices(dict(cfg.settings.serve_flags or {}))}
-    from autotune.core import snapshots
-
     # the worker gets folders: it knows nothing of where this process fetched a hub id (--download-dir)
     head, model = (str(snapshots.folder(x) or x) for x in (head, model))
     out = run_trial(job(pairs, depth=depth, head=head, target=model, device="cuda", dtype=dtype, gpu_memory=asks),
