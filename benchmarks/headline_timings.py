@@ -32,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from autotune.results.summary import printed_end
+
 ROOT = harness.ROOT
 
 
@@ -49,15 +51,8 @@ def console(lines_in) -> dict:
     last = max((i for i, x in enumerate(lines) if x.startswith("trial ")), default=-1)
     end = next((i for i in range(last + 1, len(lines)) if not lines[i].strip() or lines[i].startswith("── ")),
                len(lines))
-    rules = [i for i, x in enumerate(lines) if x.startswith("── ")]
-    summaries = []
-    for i in rules:
-        rows = 1
-        for x in lines[i + 1:]:
-            if not x or not (x[:1].isalpha() and ":" in x[:11] or x.startswith(" " * 11)):
-                break
-            rows += 1
-        summaries.append(rows)
+    # each summary's rule and rows, as the docs select them (a note after it, confirm's stop, is no row)
+    summaries = [printed_end(lines, i) - i for i, x in enumerate(lines) if x.startswith("── ")]
     return {"columns": "a pipe (100: autotune.cli.edge.PIPE_WIDTH)", "widest": max(map(len, lines), default=0),
             "lines_after_last_trial": len(lines) - end, "summary_lines": summaries}
 

@@ -5,7 +5,8 @@ A fenced block in README.md or docs/*.md tagged
     <!-- log: demo_round6.log select: trial   0 | [summary 2] -->
 
 holds, for each selector in order, the first line of benchmarks/data/demo_round6.log not taken yet
-that starts with it (runs of spaces closed up), or for ``[summary N]`` the run's N-th summary whole. This script rewrites every such block from its log;
+that starts with it (runs of spaces closed up), or for ``[summary N]`` the run's N-th summary whole.
+This script rewrites every such block from its log;
 with --log and --results it first saves a run as that log and its best.json files beside it:
 
     .venv/bin/python scripts/docs_output.py --log run.log --results RESULTS/demo --name demo_round6
@@ -41,16 +42,12 @@ def summary_block(lines: list[str], n: int) -> list[int]:
     """The line numbers of the log's ``n``-th summary: its rule (``── study ──``) and its rows (a label
     of autotune.results.summary in its column, or a wrapped row's continuation)."""
     sys.path.insert(0, str(ROOT))
-    from autotune.results.summary import LABEL, LABELS
+    from autotune.results.summary import printed_end
 
     rules = [i for i, x in enumerate(lines) if x.startswith("── ")]
     if len(rules) < n:
         raise LookupError(f"the log has {len(rules)} summaries, not {n}")
-    start = rules[n - 1]
-    end = start + 1
-    while end < len(lines) and (lines[end].startswith(LABELS) or lines[end].startswith(" " * (LABEL + 1))):
-        end += 1
-    return list(range(start, end))
+    return list(range(rules[n - 1], printed_end(lines, rules[n - 1])))
 
 
 # A line that starts a record of its own: a trial, a note with its label, a summary's rule or row, a

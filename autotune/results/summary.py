@@ -132,6 +132,15 @@ def wrapped(rows: list[tuple[str, str]], width: int = WIDTH) -> list[str]:
 OPTIONAL = ("more:", "not told:", "claimed:")
 
 
+def printed_end(lines: list[str], rule: int) -> int:
+    """In a console's lines, the index past the summary whose rule (``── study ──``) is ``lines[rule]``:
+    its rows are a label of LABELS in its column, or a wrapped row's continuation under the text."""
+    end = rule + 1
+    while end < len(lines) and (lines[end].startswith(LABELS) or lines[end].startswith(" " * (LABEL + 1))):
+        end += 1
+    return end
+
+
 def summary(report: dict[str, Any], out: Path, *, width: int = WIDTH, confirming: bool = False,
             max_lines: int = MAX_LINES) -> list[str]:
     """The printed summary: at most ``max_lines`` lines of at most ``min(width, WIDTH)`` columns."""
