@@ -136,3 +136,20 @@ def test_a_claim_is_called_apart_only_beyond_what_the_served_rounds_resolve(chos
              output_tok_s_hi=s["output_tok_s_hi"] * scale)
     block = summary(report, Path("results/demo"))
     assert any(ln.startswith("claimed:") for ln in block) is said, block
+
+
+@pytest.mark.parametrize("why", ["no holdout was measured (--no-remeasure)", "the pick is the baseline"])
+def test_a_pick_without_a_figure_says_why_in_one_plain_row(why):
+    """No figure to quote: a --no-remeasure study's pick says what was not measured and the command
+    that measures it (it read "the figure comes from none was measured (...)"); a baseline pick has no
+    speedup to quote nor a ratio it was chosen on."""
+    report = json.loads((ROOT / "benchmarks" / "data" / "demo_round5_study_best.json").read_text())
+    report["figure"] = {"status": "not measured", "why": why, "speedup": None, "lo": None, "hi": None}
+    block = summary(report, Path("results/demo"))
+    quote = _check_block(block)
+    text = " ".join(block)
+    if why == "the pick is the baseline":
+        assert quote.startswith("quote:     no speedup: the pick is the baseline") and "chosen on:" not in text
+    else:
+        assert "not yet: no holdout was measured (--no-remeasure); autotune confirm results/demo measures" in text
+        assert "the figure comes from" not in text and "chosen on:" in text

@@ -103,9 +103,14 @@ def lines(report: dict[str, Any], out: Path, *, confirming: bool = False) -> lis
                 rows.append(("claimed:", f"chosen on {_x(claim[0])}: {abs(r - 1):.0%} {'above' if r > 1 else 'below'} "
                                          f"the quoted figure, {beyond} (the selection ran {'high' if r > 1 else 'low'})"))
     else:
-        nxt = ("confirm's served rounds, next" if confirming or f.get("status") == "pending"
-               else f"none was measured ({f.get('why') or 'no holdout'}); autotune confirm {out} measures it")
-        rows.append(("quote:", f"not yet: the figure comes from {nxt}"))
+        if confirming or f.get("status") == "pending":
+            rows.append(("quote:", "not yet: the figure comes from confirm's served rounds, next"))
+        elif f.get("why") == "the pick is the baseline":
+            rows.append(("quote:", "no speedup: the pick is the baseline (no config measured faster)"))
+            claim = None  # 1.00x over itself: nothing it was chosen on
+        else:
+            rows.append(("quote:", f"not yet: {f.get('why') or 'no holdout was measured'}; "
+                                   f"autotune confirm {out} measures the figure"))
         if claim is not None:
             rows.append(("chosen on:", f"{_x(*claim[:3])} {over}, over {claim[3]}: the evidence it was chosen "
                                        "on, not its figure (it runs high)"))
