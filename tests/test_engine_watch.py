@@ -12,10 +12,14 @@ lines checked here name an ngram pick of two measured configs.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
+import tempfile
 import threading
+import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -91,15 +95,38 @@ def _model(url: str, _cache: dict = {}) -> str:  # noqa: B006 - one lookup per s
     return _cache[url]
 
 
+SLOW_S = 60  # one --once window of 8 s takes ~10 s here in-process
+
+
+def _watch(results: Path, url: str, *extra: str):
+    """`autotune watch --once` in this process (a process of its own starts in seconds idle, but took
+    15-55 s here beside a busy server). CI's run at 7f48401 spent 11 and 5 minutes in the --json
+    window's call, which no run here repeated (10 runs, alone and after the suffix tests): a call past
+    SLOW_S has every thread's stack written (faulthandler) and said in a warning, which CI's summary
+    shows, so the next one says where it waited."""
+    with tempfile.TemporaryFile("w+") as stacks:
+        faulthandler.dump_traceback_later(SLOW_S, file=stacks)
+        t0 = time.monotonic()
+        try:
+            r = CliRunner().invoke(app, ["watch", str(results), "--url", url, "--interval", WINDOW_S, "--once", *extra])
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        took = time.monotonic() - t0
+        if took > SLOW_S:
+            stacks.seek(0)
+            warnings.warn(f"watch --once {' '.join(extra)} took {took:.0f} s; the threads at {SLOW_S} s:\n"
+                          f"{stacks.read()[-6000:]}", stacklevel=2)
+    return r
+
+
 def _watch_during(results: Path, url: str, workload: str) -> tuple[int, str, dict]:
     """`watch --once` (text, then --json on the next window) while ``workload``'s requests run."""
     stop = threading.Event()
     client = threading.Thread(target=_send, args=(url, _requests(workload), stop), daemon=True)
     client.start()
     try:
-        text = CliRunner().invoke(app, ["watch", str(results), "--url", url, "--interval", WINDOW_S, "--once"])
-        as_json = CliRunner().invoke(app, ["watch", str(results), "--url", url, "--interval", WINDOW_S, "--once",
-                                           "--json"])
+        text = _watch(results, url)
+        as_json = _watch(results, url, "--json")
     finally:
         stop.set()
         client.join(timeout=120)
