@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from autotune.cli.app import app
 from autotune.serve.servers import HOST, free_port, serving
@@ -98,7 +98,7 @@ def _model(url: str, _cache: dict = {}) -> str:  # noqa: B006 - one lookup per s
 SLOW_S = 60  # one --once window of 8 s takes ~10 s here in-process
 
 
-def _watch(results: Path, url: str, *extra: str):
+def _watch(results: Path, url: str, *extra: str) -> Result:
     """`autotune watch --once` in this process (a process of its own starts in seconds idle, but took
     15-55 s here beside a busy server). CI's run at 7f48401 spent 11 and 5 minutes in the --json
     window's call, which no run here repeated (10 runs, alone and after the suffix tests): a call past
