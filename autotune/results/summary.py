@@ -103,15 +103,15 @@ def lines(report: dict[str, Any], out: Path, *, confirming: bool = False) -> lis
                 rows.append(("claimed:", f"chosen on {_x(claim[0])}: {abs(r - 1):.0%} {'above' if r > 1 else 'below'} "
                                          f"the quoted figure, {beyond} (the selection ran {'high' if r > 1 else 'low'})"))
     else:
+        baseline_pick = best.get("trial") == base.get("trial")  # its claim is 1.00x over itself
         if confirming or f.get("status") == "pending":
-            rows.append(("quote:", "not yet: the figure comes from confirm's served rounds, next"))
-        elif f.get("why") == "the pick is the baseline":
-            rows.append(("quote:", "no speedup: the pick is the baseline (no config measured faster)"))
-            claim = None  # 1.00x over itself: nothing it was chosen on
+            quote = "not yet: the figure comes from confirm's served rounds, next"
+        elif baseline_pick:
+            quote = "no speedup: the pick is the baseline (no config measured faster)"
         else:
-            rows.append(("quote:", f"not yet: {f.get('why') or 'no holdout was measured'}; "
-                                   f"autotune confirm {out} measures the figure"))
-        if claim is not None:
+            quote = f"not yet: {f.get('why') or 'no holdout was measured'}; autotune confirm {out} measures the figure"
+        rows.append(("quote:", quote))
+        if claim is not None and not baseline_pick:
             rows.append(("chosen on:", f"{_x(*claim[:3])} {over}, over {claim[3]}: the evidence it was chosen "
                                        "on, not its figure (it runs high)"))
     rows.append(("correct:", _correct(best["verdict"])))
